@@ -1,0 +1,66 @@
+/*
+ * safeloader._native: what Python cannot see cheaply about fork and threads.
+ *
+ * - fork_generation(): a counter bumped by a pthread_atfork child handler, so
+ *   it counts every fork of this process, also forks that bypass os.fork
+ *   (a C library calling fork() directly), which os.register_at_fork misses.
+ * - thread_ids(): the kernel thread ids of every OS thread of this process,
+ *   read from /proc/self/task, including threads Python did not start
+ *   (Rust/rayon, OpenMP, OpenBLAS, gloo...).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+static volatile unsigned long fork_generation_value = 0;
+
+static void on_fork_child(void) { fork_generation_value++; }
+
+static PyObject *fork_generation(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLong(fork_generation_value);
+}
+
+static PyObject *thread_ids(PyObject *self, PyObject *unused) {
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == NULL) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/task");
+    PyObject *result = PyList_New(0);
+    if (result == NULL) { closedir(dir); return NULL; }
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        char *end;
+        long tid = strtol(entry->d_name, &end, 10);
+        if (entry->d_name[0] == '\0' || *end != '\0') continue;  /* "." and ".." */
+        PyObject *value = PyLong_FromLong(tid);
+        if (value == NULL || PyList_Append(result, value) < 0) {
+            Py_XDECREF(value); Py_DECREF(result); closedir(dir); return NULL;
+        }
+        Py_DECREF(value);
+    }
+    closedir(dir);
+    if (PyList_Sort(result) < 0) { Py_DECREF(result); return NULL; }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"fork_generation", fork_generation, METH_NOARGS,
+     "Number of forks this process descends from since the module was loaded "
+     "(counted by a pthread_atfork child handler)."},
+    {"thread_ids", thread_ids, METH_NOARGS,
+     "Sorted kernel thread ids of every OS thread of this process."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "safeloader._native", NULL, -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (pthread_atfork(NULL, NULL, on_fork_child) != 0) {
+        PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,89 @@
+"""safeloader: PyTorch DataLoader workers that fork fast and safely.
+
+``from safeloader import DataLoader`` gives ``SafeDataLoader``, a subclass of
+``torch.utils.data.DataLoader`` whose worker forks run registered fork hooks;
+built-in backends re-initialise native libraries (zarrs, h5py, npz, open
+files, BLAS/OpenMP pools) in each worker. ``safeloader.install()`` arms every
+DataLoader in the process.
+
+Importing safeloader is cheap: torch is imported on first use of the loader
+names, and no backend library is ever imported by safeloader itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._options import Options, configure, get_options
+from ._registry import (
+    ForkContext,
+    Hook,
+    disable,
+    enable,
+    fork_context,
+    hooks,
+    register_at_fork,
+    unregister,
+)
+from .errors import HookError, RegistrationError
+from .native import NATIVE
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from ._install import install, installed, uninstall
+    from ._loader import DEFAULT, SafeDataLoader
+
+    DataLoader = SafeDataLoader
+
+_LAZY = {
+    "DataLoader": ("._loader", "SafeDataLoader"),
+    "SafeDataLoader": ("._loader", "SafeDataLoader"),
+    "DEFAULT": ("._loader", "DEFAULT"),
+    "install": ("._install", "install"),
+    "uninstall": ("._install", "uninstall"),
+    "installed": ("._install", "installed"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The loader names import torch; everything else works without it.
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module, __name__), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'safeloader' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "DEFAULT",
+    "NATIVE",
+    "DataLoader",
+    "ForkContext",
+    "Hook",
+    "HookError",
+    "Options",
+    "RegistrationError",
+    "SafeDataLoader",
+    "configure",
+    "disable",
+    "enable",
+    "fork_context",
+    "get_options",
+    "hooks",
+    "install",
+    "installed",
+    "register_at_fork",
+    "uninstall",
+]
+
+from .backends import register_builtin as _register_builtin  # noqa: E402
+
+_register_builtin()

@@ -1,0 +1,69 @@
+"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import torch.utils.data
+import torch.utils.data.dataloader
+
+from . import _registry
+from ._loader import SafeDataLoader, start_armed
+
+_TorchDataLoader = torch.utils.data.dataloader.DataLoader
+_saved: dict[str, Any] = {}
+
+
+def _armed_get_iterator(self: Any) -> Any:
+    return start_armed(self, lambda: _saved["_get_iterator"](self))
+
+
+class Installation:
+    """Returned by ``install()``; as a context manager, uninstalls on exit
+    if this call was the one that installed."""
+
+    def __init__(self, owner: bool) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> Installation:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.owner:
+            uninstall()
+
+
+def install() -> Installation:
+    """Arm the worker forks of every torch DataLoader in this process.
+
+    ``torch.utils.data.DataLoader`` (and ``torch.utils.data.dataloader.DataLoader``)
+    become ``SafeDataLoader``; loaders built from torch's class itself, from a
+    name imported before this call, or from a third-party subclass, are armed
+    too. Idempotent; ``uninstall()`` restores torch exactly.
+    """
+    if _registry._installed:
+        return Installation(owner=False)
+    _saved["_get_iterator"] = _TorchDataLoader.__dict__["_get_iterator"]
+    _TorchDataLoader._get_iterator = _armed_get_iterator  # type: ignore[method-assign]
+    torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
+    torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
+    _registry.set_installed(True)
+    return Installation(owner=True)
+
+
+def uninstall() -> None:
+    """Undo ``install()``; harmless when not installed."""
+    if not _registry._installed:
+        return
+    _TorchDataLoader._get_iterator = _saved.pop("_get_iterator")  # type: ignore[method-assign]
+    torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
+    torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
+    _registry.set_installed(False)
+
+
+def installed() -> bool:
+    """Whether ``install()`` is in effect."""
+    return _registry._installed

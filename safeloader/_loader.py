@@ -1,0 +1,191 @@
+"""SafeDataLoader: torch's DataLoader with its worker forks armed.
+
+Only the start of the workers is wrapped (``_get_iterator``, which is where
+torch forks them); torch's worker queue, prefetching, pin-memory thread and
+shutdown logic run unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing
+from torch.utils.data import DataLoader as _TorchDataLoader
+
+from . import _registry
+from ._options import Options, get_options
+from .errors import HookError
+
+
+class _Default(enum.Enum):
+    DEFAULT = "default"
+
+    def __repr__(self) -> str:
+        return "safeloader.DEFAULT"
+
+
+DEFAULT = _Default.DEFAULT
+"""Use the process-wide default set with ``safeloader.configure``."""
+
+OPTION_NAMES = ("zarrs_mode", "thread_budget", "freeze_gc", "stall_timeout", "disable_hooks")
+
+
+class WorkerInit:
+    """safeloader's ``worker_init_fn``: runs in each worker after torch seeded it.
+
+    Raises the worker's failed ``after_in_child`` hook, if any, so that torch
+    delivers it to the parent as a worker error; then calls the user's own
+    ``worker_init_fn`` with the worker id. Picklable for spawn/forkserver.
+    """
+
+    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        _registry.raise_child_failure()
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def resolve_options(loader: Any) -> Options:
+    """The options for ``loader``: its own settings over the process-wide defaults."""
+    overrides = {}
+    for name in OPTION_NAMES:
+        value = getattr(loader, name, DEFAULT)
+        if value is not DEFAULT:
+            overrides[name] = value
+    return get_options().replace(**overrides) if overrides else get_options()
+
+
+def _fork_is_default() -> bool:
+    """Whether torch would fork workers when given no context (False on 3.14+)."""
+    return torch.multiprocessing.get_context().get_start_method() == "fork"
+
+
+def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
+    """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
+    if loader.num_workers == 0 or getattr(_registry._local, "arming", None) is not None:
+        return start()  # no workers, or already armed by an outer call
+    options = resolve_options(loader)
+    user_init, user_context = loader.worker_init_fn, loader.multiprocessing_context
+    # The user's attributes are swapped only while torch reads them to start
+    # the workers; trainers that rebuild the loader see the user's values.
+    loader.worker_init_fn = WorkerInit(user_init)
+    if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
+        # Python 3.14 made forkserver the default; a user who set a start
+        # method explicitly with set_start_method() keeps it.
+        if torch.multiprocessing.get_start_method(allow_none=True) is None:
+            loader.multiprocessing_context = "fork"
+    arming = _registry._Arming(loader, options)
+    _registry._local.arming = arming
+    try:
+        iterator = start()
+    finally:
+        _registry._local.arming = None
+        loader.worker_init_fn = user_init
+        loader.multiprocessing_context = user_context
+    if arming.errors:
+        _shutdown(iterator)
+        raise arming.errors[0]
+    return iterator
+
+
+def _shutdown(iterator: Any) -> None:
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+class _SafeDataLoaderMeta(type):
+    # After install(), torch.utils.data.DataLoader *is* SafeDataLoader, while
+    # loaders built from a name imported earlier are plain torch loaders (and
+    # armed too). Keep isinstance(x, torch.utils.data.DataLoader) true for
+    # them, as trainers check it.
+    def __instancecheck__(cls, obj: object) -> bool:
+        if cls is SafeDataLoader and _registry._installed:
+            return isinstance(obj, _TorchDataLoader)
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        if cls is SafeDataLoader and _registry._installed:
+            return issubclass(subclass, _TorchDataLoader)
+        return super().__subclasscheck__(subclass)
+
+
+class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
+    """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
+
+    Takes exactly torch's arguments (new ones pass through), plus:
+
+    - ``zarrs_mode``, ``thread_budget``, ``freeze_gc``, ``stall_timeout``:
+      backend options for this loader (see ``safeloader.configure``);
+    - ``disable_hooks``: names of hooks not to run for this loader.
+
+    Every init argument is stored under the attribute of the same name, so
+    trainers that rebuild loaders from their attributes get the same loader.
+    When no ``multiprocessing_context`` is given, workers are forked on Linux,
+    also on Python 3.14 where the default became forkserver.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        zarrs_mode: str | _Default = DEFAULT,
+        thread_budget: int | None | _Default = DEFAULT,
+        freeze_gc: bool | _Default = DEFAULT,
+        stall_timeout: float | None | _Default = DEFAULT,
+        disable_hooks: Any = DEFAULT,
+        **kwargs: Any,
+    ) -> None:
+        # Validate our options now, not at the first fork.
+        get_options().replace(
+            **{
+                name: value
+                for name, value in zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks))
+                if value is not DEFAULT
+            }
+        )
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            **kwargs,
+        )
+        self.shuffle = shuffle  # torch does not keep it; trainers rebuild from it
+        self.zarrs_mode = zarrs_mode
+        self.thread_budget = thread_budget
+        self.freeze_gc = freeze_gc
+        self.stall_timeout = stall_timeout
+        self.disable_hooks = disable_hooks
+
+    def _get_iterator(self) -> Any:
+        return start_armed(self, super()._get_iterator)
+
+
+__all__ = ["DEFAULT", "HookError", "SafeDataLoader", "WorkerInit"]

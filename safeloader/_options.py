@@ -1,0 +1,73 @@
+"""Options of the built-in backends: global defaults, overridable per loader.
+
+``safeloader.configure(...)`` sets the process-wide defaults; the same names
+are keyword arguments of ``SafeDataLoader`` and win for that loader. Hooks
+read the resolved values from ``safeloader.fork_context().options``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ZARRS_MODES = ("pool", "serial", "python")
+
+
+@dataclass(frozen=True)
+class Options:
+    zarrs_mode: str = "pool"
+    """How workers decode zarrs arrays: "pool" (a fresh Rust thread pool per
+    worker), "serial" (Rust codec on the calling thread) or "python"
+    (zarr-python's own pipeline)."""
+    thread_budget: int | None = None
+    """Threads each worker may give a BLAS/OpenMP pool; None: cores // num_workers."""
+    freeze_gc: bool = False
+    """Freeze the parent's GC-tracked objects around worker forks, so that the
+    workers' garbage collections do not copy their pages."""
+    stall_timeout: float | None = 300.0
+    """Seconds a worker may go without progress before the loader raises; None: off."""
+    disable_hooks: frozenset[str] = frozenset()
+    """Names of hooks (built-in backends included) not to run."""
+
+    def __post_init__(self) -> None:
+        if self.zarrs_mode not in ZARRS_MODES:
+            raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {self.zarrs_mode!r}")
+        budget = self.thread_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"thread_budget must be None or an int >= 1, got {budget!r}")
+        if not isinstance(self.freeze_gc, bool):
+            raise TypeError(f"freeze_gc must be a bool, got {self.freeze_gc!r}")
+        timeout = self.stall_timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"stall_timeout must be None or a number > 0, got {timeout!r}")
+        if isinstance(self.disable_hooks, str) or not isinstance(self.disable_hooks, Iterable):
+            raise TypeError(f"disable_hooks must be an iterable of hook names, got {self.disable_hooks!r}")
+        object.__setattr__(self, "disable_hooks", frozenset(self.disable_hooks))
+
+    def replace(self, **changes: object) -> Options:
+        """A copy with ``changes`` applied; unknown names are a TypeError."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown safeloader option(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+_defaults = Options()
+
+
+def get_options() -> Options:
+    """The process-wide defaults in force."""
+    return _defaults
+
+
+def configure(**options: object) -> Options:
+    """Set process-wide defaults for every loader; returns the previous ones.
+
+    Example: ``safeloader.configure(zarrs_mode="serial", thread_budget=2)``.
+    Pass the returned object's fields back to restore.
+    """
+    global _defaults
+    previous = _defaults
+    _defaults = _defaults.replace(**options)
+    return previous

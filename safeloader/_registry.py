@@ -1,0 +1,375 @@
+"""The fork-hook registry, dispatched from one ``os.register_at_fork`` registration.
+
+A fork is a *DataLoader worker fork* when multiprocessing is launching a
+Process whose target is a DataLoader worker loop (found on the caller's frame,
+so this is exact and costs a few microseconds). Such a fork is *armed* when
+the forking thread is inside a safeloader loader's worker start, or when
+``safeloader.install()`` is active. Hooks run around armed worker forks only;
+a hook registered with ``every_fork=True`` also runs around any other
+``os.fork`` (``subprocess`` never triggers at-fork callbacks).
+
+Errors are never swallowed. ``os.register_at_fork`` prints and ignores
+exceptions, so they are recorded here and re-raised where they can reach the
+user: in the parent by the loader once its workers are started, in a worker
+by safeloader's ``worker_init_fn`` wrapper through torch's worker-error path.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._options import Options, get_options
+from .errors import HookError, RegistrationError
+
+PHASES = ("before", "after_in_parent", "after_in_child")
+
+Callback = Callable[[], object]
+
+
+@dataclass(frozen=True, eq=False)
+class Hook:
+    """A registered set of fork callbacks. Returned by ``register_at_fork``."""
+
+    name: str
+    before: Callback | None = None
+    after_in_parent: Callback | None = None
+    after_in_child: Callback | None = None
+    priority: int = 0
+    every_fork: bool = False
+    requires: tuple[str, ...] = ()
+    """Module names that must be imported (in ``sys.modules``) for the hook to run."""
+    _seq: int = field(default=0, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        """False after ``safeloader.disable(name)``."""
+        return self.name not in _disabled
+
+    @property
+    def active(self) -> bool:
+        """Whether the hook would run around the next worker fork."""
+        return self.enabled and all(module in sys.modules for module in self.requires)
+
+    def _runs_for(self, context: ForkContext | None) -> bool:
+        if not self.active:
+            return False
+        if context is None:
+            return self.every_fork
+        return self.name not in context.options.disable_hooks
+
+
+@dataclass(frozen=True)
+class ForkContext:
+    """What a hook can know about the fork it runs around: ``safeloader.fork_context()``."""
+
+    worker_id: int
+    num_workers: int
+    options: Options
+    loader: Any = None
+    """The DataLoader starting its workers, when known."""
+    _carrier: bool = field(default=False, repr=False)
+    """True when safeloader's worker_init_fn runs in the worker and can carry errors."""
+
+
+@dataclass
+class _Arming:
+    """Set on a thread while a safeloader loader starts its workers."""
+
+    loader: Any
+    options: Options
+    errors: list[HookError] = field(default_factory=list)
+
+
+_lock = threading.Lock()
+_hooks: dict[str, Hook] = {}
+_ordered: tuple[Hook, ...] = ()  # run order of the after_* phases; rebuilt on change
+_disabled: set[str] = set()
+_next_seq = 0
+_installed = False
+_local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
+_worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
+_child_failures: list[HookError] = []
+_parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
+
+
+def _check_callback(phase: str, callback: object) -> None:
+    if callback is None:
+        return
+    if not callable(callback):
+        raise RegistrationError(f"{phase} must be callable or None, got {callback!r}")
+    try:
+        inspect.signature(callback).bind()
+    except TypeError:
+        raise RegistrationError(
+            f"{phase} must be callable with no arguments (as for os.register_at_fork), "
+            f"got {callback!r} with signature {inspect.signature(callback)}"
+        ) from None
+    except ValueError:  # builtins without a signature: accept
+        pass
+
+
+def _default_name(callbacks: Iterable[Callback | None]) -> str:
+    first = next(cb for cb in callbacks if cb is not None)
+    return f"{getattr(first, '__module__', '?')}.{getattr(first, '__qualname__', repr(first))}"
+
+
+def register_at_fork(
+    *,
+    before: Callback | None = None,
+    after_in_parent: Callback | None = None,
+    after_in_child: Callback | None = None,
+    name: str | None = None,
+    priority: int = 0,
+    every_fork: bool = False,
+    requires: Iterable[str] = (),
+    replace: bool = False,
+) -> Hook:
+    """Register callbacks to run around each DataLoader worker fork.
+
+    The keywords ``before``, ``after_in_parent`` and ``after_in_child`` are
+    those of ``os.register_at_fork``: callables taking no arguments.
+    ``before`` runs in the parent before each worker fork, ``after_in_parent``
+    in the parent after it, ``after_in_child`` in the new worker before torch's
+    worker loop starts. ``after_*`` run in ``hooks()`` order (higher
+    ``priority`` first, then registration order); ``before`` in the reverse.
+
+    ``name`` defaults to the first callback's qualified name; registering a
+    taken name raises ``RegistrationError`` unless ``replace=True``.
+    ``every_fork=True`` also runs the hook around forks that are not
+    DataLoader workers. ``requires`` names modules that must be imported for
+    the hook to run (a backend for a library the program never imported
+    costs nothing).
+    """
+    global _next_seq
+    callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
+    for phase, callback in callbacks.items():
+        _check_callback(phase, callback)
+    if all(cb is None for cb in callbacks.values()):
+        raise RegistrationError("register_at_fork needs at least one of before, after_in_parent, after_in_child")
+    if name is None:
+        name = _default_name(callbacks.values())
+    if not isinstance(name, str) or not name:
+        raise RegistrationError(f"name must be a non-empty str, got {name!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RegistrationError(f"priority must be an int, got {priority!r}")
+    if isinstance(requires, str):
+        requires = (requires,)
+    requires = tuple(requires)
+    if not all(isinstance(module, str) and module for module in requires):
+        raise RegistrationError(f"requires must be module names, got {requires!r}")
+    with _lock:
+        if name in _hooks and not replace:
+            raise RegistrationError(
+                f"a fork hook named {name!r} is already registered; "
+                "pass replace=True to replace it, or choose another name"
+            )
+        _next_seq += 1
+        hook = Hook(name, before, after_in_parent, after_in_child, priority, bool(every_fork), requires, _next_seq)
+        _hooks[name] = hook
+        _reorder()
+    return hook
+
+
+def _reorder() -> None:
+    global _ordered
+    _ordered = tuple(sorted(_hooks.values(), key=lambda h: (-h.priority, h._seq)))
+
+
+def _lookup(hook_or_name: Hook | str) -> str:
+    name = hook_or_name.name if isinstance(hook_or_name, Hook) else hook_or_name
+    if name not in _hooks:
+        raise KeyError(f"no fork hook named {name!r}; registered: {', '.join(_hooks) or 'none'}")
+    return name
+
+
+def unregister(hook_or_name: Hook | str) -> Hook:
+    """Remove a hook, by handle or name; returns it. Unknown names raise KeyError."""
+    with _lock:
+        name = _lookup(hook_or_name)
+        hook = _hooks.pop(name)
+        _disabled.discard(name)
+        _reorder()
+    return hook
+
+
+def hooks() -> list[Hook]:
+    """Registered hooks, built-in backends included, in the order ``after_*`` run them."""
+    return list(_ordered)
+
+
+def disable(hook_or_name: Hook | str) -> None:
+    """Stop running a hook (a built-in backend, say) around forks, process-wide."""
+    with _lock:
+        _disabled.add(_lookup(hook_or_name))
+
+
+def enable(hook_or_name: Hook | str) -> None:
+    """Undo ``disable``."""
+    with _lock:
+        _disabled.discard(_lookup(hook_or_name))
+
+
+def fork_context() -> ForkContext | None:
+    """The worker fork being handled: in the parent while its hooks run; in a
+    worker, its own, for its whole life. None elsewhere."""
+    pending = getattr(_local, "pending", None)
+    return pending if pending is not None else _worker_context
+
+
+def set_installed(installed: bool) -> None:
+    global _installed
+    _installed = installed
+
+
+# -- which fork is this? -------------------------------------------------------
+
+_WORKER_LOOP_MODULES = ("torch.utils.data", "torchdata")
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
+    module = getattr(target, "__module__", "") or ""
+    if getattr(target, "__name__", "") != "_worker_loop" or not module.startswith(_WORKER_LOOP_MODULES):
+        return None
+    return inspect.signature(target)
+
+
+def _launching_worker() -> tuple[int, int] | None:
+    """(worker_id, num_workers) if this fork launches a DataLoader worker.
+
+    multiprocessing forks from ``Popen._launch(self, process_obj)``; the
+    Process still holds its target and arguments there.
+    """
+    frame = sys._getframe(2)  # 0: here, 1: the at-fork callback, 2: os.fork's caller
+    for _ in range(4):
+        if frame is None:
+            return None
+        process = frame.f_locals.get("process_obj") if frame.f_code.co_name == "_launch" else None
+        if process is not None:
+            target = getattr(process, "_target", None)
+            signature = _worker_signature(target) if target is not None else None
+            if signature is None:
+                return None
+            try:
+                arguments = signature.bind(*process._args, **process._kwargs).arguments
+                return int(arguments["worker_id"]), int(arguments["num_workers"])
+            except (TypeError, KeyError, ValueError):
+                return None
+        frame = frame.f_back
+    return None
+
+
+def _context_for_this_fork() -> ForkContext | None:
+    arming: _Arming | None = getattr(_local, "arming", None)
+    if arming is None and not _installed:
+        return None
+    worker = _launching_worker()
+    if worker is None:
+        return None
+    if arming is None:  # install() is on, but the loader's iterator is not ours to wrap
+        return ForkContext(worker[0], worker[1], get_options())
+    return ForkContext(worker[0], worker[1], arming.options, arming.loader, _carrier=True)
+
+
+# -- dispatch ------------------------------------------------------------------
+
+
+def _run_phase(phase: str, context: ForkContext | None) -> list[HookError]:
+    errors = []
+    order = reversed(_ordered) if phase == "before" else _ordered
+    for hook in order:
+        callback = getattr(hook, phase)
+        if callback is None or not hook._runs_for(context):
+            continue
+        try:
+            callback()
+        except Exception as exc:
+            where = f" in DataLoader worker {context.worker_id}" if context and phase == "after_in_child" else ""
+            error = HookError(
+                f"safeloader fork hook {hook.name!r} failed in phase {phase!r}{where}: "
+                f"{type(exc).__name__}: {exc}",
+                hook=hook.name,
+                phase=phase,
+                worker_id=context.worker_id if context else None,
+            )
+            error.__cause__ = exc
+            errors.append(error)
+    return errors
+
+
+def _report_unarmed(errors: list[HookError]) -> None:
+    # A fork we cannot fail (user os.fork, a foreign loader): the exception is
+    # raised into os.register_at_fork, which prints it with its traceback.
+    if errors:
+        raise errors[0]
+
+
+def _on_before() -> None:
+    context = _context_for_this_fork()
+    _local.pending = context
+    errors = _run_phase("before", context)
+    arming = getattr(_local, "arming", None)
+    if context is not None and context._carrier and arming is not None:
+        arming.errors.extend(errors)
+        _local.parent_failed = bool(errors)
+    else:
+        _report_unarmed(errors)
+
+
+def _on_after_in_parent() -> None:
+    context = getattr(_local, "pending", None)
+    try:
+        errors = _run_phase("after_in_parent", context)
+    finally:
+        _local.pending = None
+        _local.parent_failed = False
+    arming = getattr(_local, "arming", None)
+    if context is not None and context._carrier and arming is not None:
+        arming.errors.extend(errors)
+    else:
+        _report_unarmed(errors)
+
+
+def _on_after_in_child() -> None:
+    global _worker_context, _parent_failed_fork
+    context = getattr(_local, "pending", None)
+    _local.pending = None
+    _local.arming = None  # the child is not starting workers
+    _child_failures.clear()
+    _worker_context = context
+    _parent_failed_fork = bool(getattr(_local, "parent_failed", False))
+    if _parent_failed_fork:
+        return  # the parent raises and shuts this worker down; run nothing here
+    errors = _run_phase("after_in_child", context)
+    if not errors:
+        return
+    if context is not None and context._carrier:
+        _child_failures.extend(errors)  # raised by WorkerInit through torch's error path
+        return
+    if context is None:
+        _report_unarmed(errors)
+        return
+    # A worker of a loader whose worker_init_fn we do not wrap: no carrier
+    # reaches the parent, and running on would risk a hang. Say why and exit;
+    # torch reports the dead worker.
+    import traceback
+
+    traceback.print_exception(errors[0])
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def raise_child_failure() -> None:
+    """In a worker: raise the first error of its after_in_child hooks, if any."""
+    if _child_failures:
+        raise _child_failures[0]
+
+
+os.register_at_fork(before=_on_before, after_in_parent=_on_after_in_parent, after_in_child=_on_after_in_child)

@@ -1,0 +1,31 @@
+"""Exceptions raised by safeloader."""
+
+from __future__ import annotations
+
+
+class HookError(RuntimeError):
+    """A fork hook raised. Names the hook, the phase and (in a worker) the worker id.
+
+    The hook's own exception is chained as ``__cause__`` when raised in the
+    parent. Raised in a worker, it reaches the parent through torch's worker
+    error path, which carries the message and the worker's traceback as text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hook: str | None = None,
+        phase: str | None = None,
+        worker_id: int | None = None,
+    ) -> None:
+        # One positional argument only: torch re-raises worker errors as
+        # ``type(exc)(message)``, which must keep working.
+        super().__init__(message)
+        self.hook = hook
+        self.phase = phase
+        self.worker_id = worker_id
+
+
+class RegistrationError(ValueError):
+    """A hook was registered with bad arguments or under a name already taken."""

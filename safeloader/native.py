@@ -1,0 +1,75 @@
+"""The native core, or its pure-Python fallback, behind one interface.
+
+``NATIVE`` says which one is in use. Set ``SAFELOADER_DISABLE_NATIVE=1`` to
+force the fallback (the tests compare both).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+if os.environ.get("SAFELOADER_DISABLE_NATIVE") == "1":
+    from . import _native_fallback as _impl
+
+    NATIVE = False
+else:
+    try:
+        from . import _native as _impl  # type: ignore[attr-defined, no-redef]
+
+        NATIVE = True
+    except ImportError:
+        from . import _native_fallback as _impl  # type: ignore[no-redef]
+
+        NATIVE = False
+
+__all__ = ["NATIVE", "ThreadCensus", "fork_generation", "thread_census", "thread_ids"]
+
+
+def fork_generation() -> int:
+    """How many forks this process descends from since safeloader was imported.
+
+    Record it when an object is created; a different value later means the
+    object was inherited across a fork.
+    """
+    return _impl.fork_generation()
+
+
+def thread_ids() -> list[int]:
+    """Sorted kernel thread ids (TIDs) of every OS thread of this process."""
+    return _impl.thread_ids()
+
+
+@dataclass(frozen=True)
+class ThreadCensus:
+    """The OS threads of this process, split by who started them."""
+
+    python: tuple[tuple[int, str], ...]
+    """(tid, name) of threads started by Python's ``threading``."""
+    foreign: tuple[tuple[int, str], ...]
+    """(tid, kernel name) of threads Python did not start: native pools."""
+
+    @property
+    def total(self) -> int:
+        return len(self.python) + len(self.foreign)
+
+
+def _kernel_thread_name(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:  # the thread exited while we looked
+        return "?"
+
+
+def thread_census() -> ThreadCensus:
+    """Every OS thread of this process, and which ones Python did not start."""
+    python_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+    python, foreign = [], []
+    for tid in thread_ids():
+        if tid in python_threads:
+            python.append((tid, python_threads[tid]))
+        else:
+            foreign.append((tid, _kernel_thread_name(tid)))
+    return ThreadCensus(python=tuple(python), foreign=tuple(foreign))

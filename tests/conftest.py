@@ -1,0 +1,45 @@
+"""Shared fixtures: every test that forks must leave no process behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+import psutil
+import pytest
+
+import safeloader
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_processes():
+    """Fail a test that leaves a child process (a DataLoader worker) running."""
+    yield
+    gc.collect()  # drop unreferenced iterators, so torch shuts their workers down
+    me = psutil.Process()
+    deadline = time.monotonic() + 10
+    while True:
+        children = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not children or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for child in children:
+        child.kill()
+    assert not children, f"test left processes running: {[(p.pid, p.name()) for p in children]}"
+
+
+@pytest.fixture
+def clean_registry():
+    """Registry as it was before the test: user hooks removed, switches reset."""
+    before = {hook.name for hook in safeloader.hooks()}
+    disabled = {hook.name for hook in safeloader.hooks() if not hook.enabled}
+    options = safeloader.get_options()
+    yield
+    for hook in safeloader.hooks():
+        if hook.name not in before:
+            safeloader.unregister(hook)
+        elif hook.enabled == (hook.name in disabled):
+            (safeloader.disable if hook.name in disabled else safeloader.enable)(hook)
+    safeloader.configure(**dataclasses.asdict(options))
+    safeloader.uninstall()

@@ -1,0 +1,116 @@
+"""The registry validates at registration time and keeps pthread_atfork order."""
+
+from __future__ import annotations
+
+import pytest
+
+import safeloader
+from safeloader import RegistrationError
+
+pytestmark = pytest.mark.usefixtures("clean_registry")
+
+
+def noop() -> None:
+    pass
+
+
+def user_names() -> list[str]:
+    return [hook.name for hook in safeloader.hooks() if hook.name.startswith("t.")]
+
+
+def test_register_returns_handle_listed_by_hooks():
+    hook = safeloader.register_at_fork(before=noop, name="t.a")
+    assert hook.name == "t.a" and hook.before is noop
+    assert hook in safeloader.hooks()
+    assert hook.enabled and hook.active
+
+
+def test_default_name_is_qualified_name_of_first_callback():
+    hook = safeloader.register_at_fork(after_in_child=noop)
+    assert hook.name == f"{__name__}.noop"
+
+
+def test_duplicate_name_is_refused_unless_replace():
+    safeloader.register_at_fork(before=noop, name="t.dup")
+    with pytest.raises(RegistrationError, match="already registered.*replace=True"):
+        safeloader.register_at_fork(before=noop, name="t.dup")
+    replacement = safeloader.register_at_fork(after_in_parent=noop, name="t.dup", replace=True)
+    assert [h for h in safeloader.hooks() if h.name == "t.dup"] == [replacement]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "at least one of"),
+        ({"before": 42}, "before must be callable"),
+        ({"after_in_child": lambda x: None}, "no arguments"),
+        ({"before": noop, "name": ""}, "non-empty str"),
+        ({"before": noop, "priority": "high"}, "priority must be an int"),
+        ({"before": noop, "requires": [3]}, "module names"),
+    ],
+)
+def test_bad_registration_is_refused_at_registration(kwargs, message):
+    with pytest.raises(RegistrationError, match=message):
+        safeloader.register_at_fork(**kwargs)
+
+
+def test_callbacks_with_only_default_arguments_are_accepted():
+    safeloader.register_at_fork(before=lambda x=1: None, name="t.defaults")
+
+
+def test_unregister_by_handle_and_by_name():
+    hook = safeloader.register_at_fork(before=noop, name="t.x")
+    assert safeloader.unregister(hook) is hook
+    safeloader.register_at_fork(before=noop, name="t.y")
+    safeloader.unregister("t.y")
+    assert user_names() == []
+    with pytest.raises(KeyError, match="no fork hook named 't.y'"):
+        safeloader.unregister("t.y")
+
+
+def test_hooks_order_is_priority_then_registration():
+    safeloader.register_at_fork(before=noop, name="t.first")
+    safeloader.register_at_fork(before=noop, name="t.second")
+    safeloader.register_at_fork(before=noop, name="t.urgent", priority=10)
+    safeloader.register_at_fork(before=noop, name="t.late", priority=-10)
+    assert user_names() == ["t.urgent", "t.first", "t.second", "t.late"]
+
+
+def test_replace_keeps_no_stale_entry_and_moves_to_end():
+    safeloader.register_at_fork(before=noop, name="t.a")
+    safeloader.register_at_fork(before=noop, name="t.b")
+    safeloader.register_at_fork(before=noop, name="t.a", replace=True)
+    assert user_names() == ["t.b", "t.a"]
+
+
+def test_disable_and_enable_by_name():
+    hook = safeloader.register_at_fork(before=noop, name="t.switch")
+    safeloader.disable("t.switch")
+    assert not hook.enabled and not hook.active
+    safeloader.enable(hook)
+    assert hook.enabled
+    with pytest.raises(KeyError):
+        safeloader.disable("t.missing")
+
+
+def test_requires_makes_hook_inactive_until_module_imported():
+    hook = safeloader.register_at_fork(before=noop, name="t.req", requires="module_that_does_not_exist_x")
+    assert hook.requires == ("module_that_does_not_exist_x",)
+    assert hook.enabled and not hook.active
+
+
+def test_fork_context_is_none_outside_forks():
+    assert safeloader.fork_context() is None
+
+
+def test_options_validate_with_clear_messages():
+    with pytest.raises(ValueError, match="zarrs_mode must be one of .* got 'fast'"):
+        safeloader.configure(zarrs_mode="fast")
+    with pytest.raises(ValueError, match="thread_budget must be None or an int >= 1, got 0"):
+        safeloader.configure(thread_budget=0)
+    with pytest.raises(ValueError, match="stall_timeout must be None or a number > 0, got -1"):
+        safeloader.configure(stall_timeout=-1)
+    with pytest.raises(TypeError, match="unknown safeloader option"):
+        safeloader.configure(zarr_mode="serial")
+    previous = safeloader.configure(thread_budget=2)
+    assert safeloader.get_options().thread_budget == 2 and previous.thread_budget is None
