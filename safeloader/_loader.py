@@ -15,7 +15,7 @@ from typing import Any
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry
+from . import _registry, backends
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -65,6 +65,11 @@ def _fork_is_default() -> bool:
     return torch.multiprocessing.get_context().get_start_method() == "fork"
 
 
+def _start_method(loader: Any) -> str:
+    context = loader.multiprocessing_context
+    return (context or torch.multiprocessing.get_context()).get_start_method()
+
+
 def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
     if loader.num_workers == 0 or getattr(_registry._local, "arming", None) is not None:
@@ -82,6 +87,7 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     arming = _registry._Arming(loader, options)
     _registry._local.arming = arming
     try:
+        backends.prepare_start(loader, _start_method(loader))
         iterator = start()
     finally:
         _registry._local.arming = None
