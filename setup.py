@@ -33,6 +33,6 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("safeloader._native", ["csrc/_native.c"], extra_compile_args=["-O2", "-Wall"])],
+    ext_modules=[Extension("safeloader._native", ["csrc/_native.c", "csrc/backtrace.c"], extra_compile_args=["-O2", "-Wall"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -82,6 +82,7 @@ __all__ = [
     "installed",
     "register_at_fork",
     "uninstall",
+    "unregister",
 ]
 
 from .backends import register_builtin as _register_builtin  # noqa: E402

@@ -153,20 +153,15 @@ class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
         generator: Any = None,
         *,
         zarrs_mode: str | _Default = DEFAULT,
-        thread_budget: int | None | _Default = DEFAULT,
+        thread_budget: int | _Default | None = DEFAULT,
         freeze_gc: bool | _Default = DEFAULT,
-        stall_timeout: float | None | _Default = DEFAULT,
+        stall_timeout: float | _Default | None = DEFAULT,
         disable_hooks: Any = DEFAULT,
         **kwargs: Any,
     ) -> None:
         # Validate our options now, not at the first fork.
-        get_options().replace(
-            **{
-                name: value
-                for name, value in zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks))
-                if value is not DEFAULT
-            }
-        )
+        given = zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks))
+        get_options().replace(**{name: value for name, value in given if value is not DEFAULT})
         super().__init__(
             dataset,
             batch_size,

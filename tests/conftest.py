@@ -12,15 +12,33 @@ import pytest
 import safeloader
 
 
+def _is_multiprocessing_service(process: psutil.Process) -> bool:
+    """multiprocessing's resource tracker and forkserver live as long as the test process."""
+    command = " ".join(process.cmdline())
+    return "multiprocessing.resource_tracker" in command or "multiprocessing.forkserver" in command
+
+
 @pytest.fixture(autouse=True)
 def no_orphan_processes():
     """Fail a test that leaves a child process (a DataLoader worker) running."""
     yield
     gc.collect()  # drop unreferenced iterators, so torch shuts their workers down
     me = psutil.Process()
+
+    def leftovers():
+        found = []
+        for process in me.children(recursive=True):
+            try:
+                if process.status() == psutil.STATUS_ZOMBIE or _is_multiprocessing_service(process):
+                    continue
+                found.append(process)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
     deadline = time.monotonic() + 10
     while True:
-        children = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        children = leftovers()
         if not children or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -99,7 +99,8 @@ def test_order_matches_pthread_atfork_with_priority_first(tmp_path):
     recorder.hook("t.urgent", priority=5)
     list(DataLoader(WhoReads(), batch_size=16, num_workers=1))
     events = recorder.events()
-    order = {phase: [n for n, ph, _, _ in events if ph == phase] for phase in ("before", "after_in_parent", "after_in_child")}
+    phases = ("before", "after_in_parent", "after_in_child")
+    order = {phase: [n for n, ph, _, _ in events if ph == phase] for phase in phases}
     assert order["after_in_parent"] == ["t.urgent", "t.first", "t.second"]
     assert order["after_in_child"] == ["t.urgent", "t.first", "t.second"]
     assert order["before"] == ["t.second", "t.first", "t.urgent"]

@@ -32,7 +32,7 @@ def test_default_name_is_qualified_name_of_first_callback():
 
 def test_duplicate_name_is_refused_unless_replace():
     safeloader.register_at_fork(before=noop, name="t.dup")
-    with pytest.raises(RegistrationError, match="already registered.*replace=True"):
+    with pytest.raises(RegistrationError, match=r"already registered.*replace=True"):
         safeloader.register_at_fork(before=noop, name="t.dup")
     replacement = safeloader.register_at_fork(after_in_parent=noop, name="t.dup", replace=True)
     assert [h for h in safeloader.hooks() if h.name == "t.dup"] == [replacement]
@@ -64,7 +64,7 @@ def test_unregister_by_handle_and_by_name():
     safeloader.register_at_fork(before=noop, name="t.y")
     safeloader.unregister("t.y")
     assert user_names() == []
-    with pytest.raises(KeyError, match="no fork hook named 't.y'"):
+    with pytest.raises(KeyError, match=r"no fork hook named 't\.y'"):
         safeloader.unregister("t.y")
 
 
@@ -104,11 +104,11 @@ def test_fork_context_is_none_outside_forks():
 
 
 def test_options_validate_with_clear_messages():
-    with pytest.raises(ValueError, match="zarrs_mode must be one of .* got 'fast'"):
+    with pytest.raises(ValueError, match=r"zarrs_mode must be one of .* got 'fast'"):
         safeloader.configure(zarrs_mode="fast")
-    with pytest.raises(ValueError, match="thread_budget must be None or an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"thread_budget must be None or an int >= 1, got 0"):
         safeloader.configure(thread_budget=0)
-    with pytest.raises(ValueError, match="stall_timeout must be None or a number > 0, got -1"):
+    with pytest.raises(ValueError, match=r"stall_timeout must be None or a number > 0, got -1"):
         safeloader.configure(stall_timeout=-1)
     with pytest.raises(TypeError, match="unknown safeloader option"):
         safeloader.configure(zarr_mode="serial")

@@ -1,0 +1,1 @@
+"""safeloader's benchmarks: side-by-side measurements reported as ratios."""

@@ -1,0 +1,126 @@
+"""The C extension and its pure-Python fallback give the same answers; CI needs the extension."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import safeloader
+from safeloader import native
+
+from .subproc import check_python
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_native_extension_is_built_when_expected():
+    # The test command exports SAFELOADER_REQUIRE_NATIVE=1 and builds with it,
+    # so a missing compiler fails the build; this catches an import that
+    # silently fell back. Set SAFELOADER_REQUIRE_NATIVE=0 where no compiler exists.
+    expected = os.environ.get("SAFELOADER_REQUIRE_NATIVE", "1") != "0"
+    assert safeloader.NATIVE is expected, (
+        f"safeloader.NATIVE must be {expected} here, got {safeloader.NATIVE}: "
+        "the C extension safeloader._native was not built or failed to import"
+    )
+
+
+BOTH = """
+import os, threading, time
+from safeloader import _native, _native_fallback
+"""
+
+
+def test_thread_ids_agree_with_threads_running():
+    result = check_python(
+        BOTH
+        + """
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+for t in threads: t.start()
+a, b = _native.thread_ids(), _native_fallback.thread_ids()
+stop.set()
+for t in threads: t.join()
+assert a == b, (a, b)
+assert len(a) == 4 and set(t.native_id for t in threads) < set(a), a
+print("ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok"
+
+
+def test_fork_generation_agrees_across_os_fork():
+    result = check_python(
+        BOTH
+        + """
+assert _native.fork_generation() == _native_fallback.fork_generation() == 0
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    pid2 = os.fork()
+    if pid2 == 0:
+        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\\n".encode())
+        os._exit(0)
+    os.waitpid(pid2, 0)
+    os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\\n".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+os.close(w)
+print(sorted(os.read(r, 100).decode().split("\\n")))
+assert _native.fork_generation() == 0
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "['', '1 1', '2 2']"
+
+
+def test_native_counter_sees_forks_that_bypass_os_fork():
+    # libc's fork() called directly, as a C library would: os.register_at_fork
+    # handlers do not run, pthread_atfork handlers do. The fallback's
+    # documented gap is the reason the extension exists.
+    result = check_python(
+        BOTH
+        + """
+import ctypes
+libc = ctypes.PyDLL(None)  # PyDLL: keep the GIL held across the call
+r, w = os.pipe()
+pid = libc.fork()
+if pid == 0:
+    os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 100).decode())
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "1 0"
+
+
+def test_thread_census_separates_python_threads_from_native_pools():
+    import threading
+
+    import numpy as np
+
+    a = np.ones((400, 400))
+    a @ a  # OpenBLAS starts its worker threads
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="census-probe")
+    thread.start()
+    try:
+        census = native.thread_census()
+    finally:
+        stop.set()
+        thread.join()
+    assert (thread.native_id, "census-probe") in census.python
+    python_ids = {tid for tid, _ in census.python}
+    assert python_ids.isdisjoint(tid for tid, _ in census.foreign)
+    if (os.cpu_count() or 1) > 1:
+        assert census.foreign, "OpenBLAS threads must show up as threads Python did not start"
+
+
+def test_fallback_can_be_forced():
+    result = check_python(
+        "import safeloader; print(safeloader.NATIVE)", timeout=30, env={"SAFELOADER_DISABLE_NATIVE": "1"}
+    )
+    assert result.stdout.strip() == "False"
