@@ -233,7 +233,7 @@ def set_installed(installed: bool) -> None:
 _WORKER_LOOP_MODULES = ("torch.utils.data", "torchdata")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
     module = getattr(target, "__module__", "") or ""
     if getattr(target, "__name__", "") != "_worker_loop" or not module.startswith(_WORKER_LOOP_MODULES):
