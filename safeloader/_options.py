@@ -22,9 +22,10 @@ class Options:
     (zarr-python's own pipeline)."""
     thread_budget: int | None = None
     """Threads each worker may give a BLAS/OpenMP pool; None: cores // num_workers."""
-    freeze_gc: bool = False
+    freeze_gc: bool = True
     """Freeze the parent's GC-tracked objects around worker forks, so that the
-    workers' garbage collections do not copy their pages."""
+    workers' garbage collections do not copy their pages (measured: a worker's
+    full collection over 2M records copied 243 MiB without, 0 with; O(1) cost)."""
     stall_timeout: float | None = 300.0
     """Seconds a worker may go without progress before the loader raises; None: off."""
     disable_hooks: frozenset[str] = frozenset()

@@ -1,0 +1,60 @@
+"""The "gc" backend: freeze the parent's objects around each worker fork (option ``freeze_gc``).
+
+A forked worker shares the parent's memory until a page is written. CPython
+writes to every object the cyclic garbage collector examines (the
+``PyGC_Head`` links and ``gc_refs`` of each container), so a full collection
+in a worker copies every page that holds a container: a Dataset holding
+millions of Python objects is duplicated into each worker (torch issue 13246).
+
+``gc.freeze()`` moves every tracked object into the permanent generation,
+which collections never examine. It is O(1) (a list splice), so it is done
+around each fork: frozen in ``before``, unfrozen in ``after_in_parent``. The
+parent's collector is back to normal a few microseconds later; the worker
+keeps the inherited objects frozen for its whole life (never collecting the
+parent's garbage cycles, which it would only copy to free). Reference counts
+are still written when a worker touches an object, so the objects a worker
+actually reads are copied either way.
+
+A program that froze objects itself (``gc.get_freeze_count() > 0``) manages
+gc.freeze on its own: this backend then does nothing, since ``gc.unfreeze``
+cannot tell its objects from ours.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from .._registry import fork_context, register_at_fork
+
+NAME = "gc"
+
+__all__ = ["NAME", "register"]
+
+_frozen_here = False
+
+
+def _before() -> None:
+    global _frozen_here
+    context = fork_context()
+    if context is None or not context.options.freeze_gc or gc.get_freeze_count() > 0:
+        return
+    gc.freeze()
+    _frozen_here = True
+
+
+def _after_in_parent() -> None:
+    global _frozen_here
+    if _frozen_here:
+        _frozen_here = False
+        gc.unfreeze()
+
+
+def _after_in_child() -> None:
+    global _frozen_here
+    _frozen_here = False  # the worker keeps them frozen; a fork from it must not unfreeze
+
+
+def register() -> None:
+    register_at_fork(
+        name=NAME, before=_before, after_in_parent=_after_in_parent, after_in_child=_after_in_child, replace=True
+    )

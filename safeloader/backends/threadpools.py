@@ -1,0 +1,182 @@
+"""The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker.
+
+torch sets its own intra-op thread count to 1 in each worker and leaves every
+other pool alone, so numpy's OpenBLAS still starts one thread per core in
+every worker (N workers x N threads). Environment variables such as
+OMP_NUM_THREADS come too late after a fork, so the limits go through the
+libraries' runtime APIs, via threadpoolctl.
+
+In each worker, BLAS pools (OpenBLAS, MKL, BLIS), OpenMP runtimes and torch's
+intra-op count get the *budget*: the ``thread_budget`` option, or by default
+the cores this process may run on divided by ``num_workers`` (at least 1).
+One exception: a GNU OpenMP runtime that the parent already ran a parallel
+region with (its pool threads are alive at fork time, see
+``safeloader.forkstate``) stays at 1 thread in the child, because libgomp
+hangs a forked child that runs a region with more threads. In such a worker,
+a later ``torch.set_num_threads(n > 1)`` raises instead of hanging.
+
+The parent's own limits are never changed. threadpoolctl is an optional
+dependency: without it the hook is registered but inactive (``status()``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .. import forkstate
+from .._registry import fork_context, register_at_fork
+
+NAME = "threadpools"
+
+__all__ = ["NAME", "available_cores", "default_budget", "register", "status"]
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_budget(num_workers: int) -> int:
+    """Threads per worker when no ``thread_budget`` is set: cores // num_workers, at least 1."""
+    return max(1, available_cores() // max(1, num_workers))
+
+
+def _installed() -> bool:
+    return importlib.util.find_spec("threadpoolctl") is not None
+
+
+def status() -> str:
+    """Whether the backend can act in this environment, in words."""
+    if not _installed():
+        return (
+            "inactive: threadpoolctl is not installed, so BLAS/OpenMP pools in workers are not limited "
+            "(pip install torch-safeloader[threadpoolctl])"
+        )
+    return "active: BLAS/OpenMP pools in each worker are limited to the thread budget"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Decided in the parent before a fork; the worker inherits it."""
+
+    budget: int
+    gomp_pinned: frozenset[str]
+    """Real paths of libgomp copies the parent used: 1 thread in the worker."""
+    torch_lib_dir: str | None
+
+
+_plan: _Plan | None = None
+
+
+def _before() -> None:
+    global _plan
+    context = fork_context()
+    if context is None:
+        return
+    import threadpoolctl  # noqa: F401  # once, in the parent, so that workers need not import it
+
+    budget = context.options.thread_budget or default_budget(context.num_workers)
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.realpath(os.path.dirname(torch.__file__)) if getattr(torch, "__file__", None) else None
+    _plan = _Plan(budget, frozenset(forkstate.record().gomp_unsafe), torch_dir)
+
+
+def _after_in_child() -> None:
+    global _plan
+    plan, _plan = _plan, None
+    if plan is None:
+        return
+    import threadpoolctl
+
+    torch_pinned = torch_has_openmp = False
+    for library in threadpoolctl.ThreadpoolController().lib_controllers:
+        path = os.path.realpath(library.filepath)
+        pinned = library.user_api == "openmp" and path in plan.gomp_pinned
+        library.set_num_threads(1 if pinned else plan.budget)
+        if library.user_api == "openmp" and plan.torch_lib_dir and path.startswith(plan.torch_lib_dir + os.sep):
+            torch_has_openmp = True  # the runtime bundled in torch's wheel
+            torch_pinned = torch_pinned or pinned
+    if plan.torch_lib_dir is not None:
+        if not torch_has_openmp and plan.gomp_pinned:
+            # torch uses a shared OpenMP runtime (conda, system libgomp): we
+            # cannot tell which, so any pinned runtime pins torch too.
+            torch_pinned = True
+        _guard_torch_threads(1 if torch_pinned else plan.budget, torch_pinned)
+
+
+class _TorchSetNumThreads:
+    """Stands in for ``torch.set_num_threads`` in a worker.
+
+    torch's worker loop calls ``torch.set_num_threads(1)`` after the fork
+    hooks ran; that call gets the budget instead. Afterwards, if torch's
+    OpenMP runtime was used by the parent, asking for more than one thread
+    raises: libgomp would hang at the next parallel region.
+    """
+
+    def __init__(self, original: Any, budget: int, pinned: bool) -> None:
+        self.original = original
+        self.budget = budget
+        self.pinned = pinned
+
+    def __call__(self, num_threads: int) -> None:
+        import torch
+
+        caller = sys._getframe(1).f_code
+        if caller.co_name == "_worker_loop" and "torch/utils/data" in caller.co_filename.replace("\\", "/"):
+            self.original(self.budget)
+            if not self.pinned:
+                torch.set_num_threads = self.original  # nothing left to guard
+            return
+        if self.pinned and num_threads > 1:
+            context = fork_context()
+            worker = f"DataLoader worker {context.worker_id}" if context else "this DataLoader worker"
+            raise RuntimeError(
+                f"torch.set_num_threads({num_threads}) in {worker} would hang: the parent process ran an OpenMP "
+                "parallel region before forking the worker, and GNU OpenMP hangs a forked child that later runs "
+                "a parallel region with more than 1 thread. torch's threads must stay at 1 here. To use more, "
+                "start the workers before the parent's first multi-threaded torch op (persistent_workers=True "
+                "and iterate once early), or use multiprocessing_context='spawn'."
+            )
+        self.original(num_threads)
+
+
+def _guard_torch_threads(budget: int, pinned: bool) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    original = torch.set_num_threads
+    original = getattr(original, "original", original)
+    torch.set_num_threads = _TorchSetNumThreads(original, budget, pinned)
+
+
+_warned_inactive = False
+
+
+def prepare_start(loader: Any, start_method: str) -> None:
+    """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
+    global _warned_inactive
+    if _warned_inactive or _installed():
+        return
+    from .._loader import resolve_options
+
+    options = resolve_options(loader)
+    if options.thread_budget is not None and NAME not in options.disable_hooks:
+        import warnings
+
+        _warned_inactive = True
+        warnings.warn(f"safeloader: thread_budget={options.thread_budget} is ignored; {status()}", stacklevel=2)
+
+
+def register() -> None:
+    forkstate.register()  # the record this backend decides from; also for diagnostics
+    # Without threadpoolctl the hook stays listed but inactive (Hook.active is
+    # False) until threadpoolctl is imported, which means it got installed.
+    requires = () if _installed() else ("threadpoolctl",)
+    register_at_fork(name=NAME, before=_before, after_in_child=_after_in_child, requires=requires, replace=True)

@@ -1,0 +1,94 @@
+"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised.
+
+A forked child cannot use CUDA (or XPU) once the parent initialised it: the
+driver state does not survive fork. torch marks the child and its first CUDA
+call fails inside the Dataset with "Cannot re-initialize CUDA in forked
+subprocess ... you must use the 'spawn' start method", advice that costs
+seconds per worker start and loses what safeloader is for.
+
+What this backend does NOT do is refuse to start: CUDA initialised in the
+parent with forked workers is the normal training set-up (model on the GPU,
+Dataset on the CPU, batches moved to the GPU in the loop), and it works. Only
+a worker that *touches* CUDA fails, so that is where the error is raised: in
+each worker forked from a parent with CUDA initialised, torch's lazy CUDA
+initialiser is replaced by one that raises ``ForkedAcceleratorError`` saying
+what happened, in which worker, and what to do. torch delivers it to the
+parent at that batch.
+
+Other torch states checked for torch 2.13:
+- autograd: torch marks a child bad only when the parent started autograd's
+  device threads (a backward pass on a GPU); the child's backward then raises
+  torch's own clear "Unable to handle autograd's threading in combination with
+  fork-based multiprocessing". CPU-only backward in the parent and in workers
+  works. Nothing to add.
+- intra-op threads (OpenMP): handled by the "threadpools" backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+from .._registry import fork_context, register_at_fork
+
+NAME = "torch"
+ACCELERATORS = ("cuda", "xpu")
+
+__all__ = ["ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators", "register"]
+
+
+class ForkedAcceleratorError(RuntimeError):
+    """A forked DataLoader worker used an accelerator the parent had initialised."""
+
+
+def initialised_accelerators() -> tuple[str, ...]:
+    """Accelerators torch has initialised in this process ("cuda", "xpu")."""
+    names = []
+    for name in ACCELERATORS:
+        module = sys.modules.get(f"torch.{name}")
+        if module is not None and module.is_initialized():
+            names.append(name)
+    return tuple(names)
+
+
+_in_parent: tuple[str, ...] = ()
+
+
+def _before() -> None:
+    global _in_parent
+    _in_parent = initialised_accelerators()  # the worker inherits this value
+
+
+class _RefuseLazyInit:
+    """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it.
+
+    Every use of the device goes through ``_lazy_init`` (torch's C++ looks it
+    up on the module at call time), so this is where the worker's first use lands.
+    """
+
+    def __init__(self, accelerator: str) -> None:
+        self.accelerator = accelerator
+
+    def __call__(self) -> NoReturn:
+        context = fork_context()
+        worker = f"DataLoader worker {context.worker_id}" if context is not None else "A forked DataLoader worker"
+        name = self.accelerator.upper() if self.accelerator == "cuda" else self.accelerator
+        raise ForkedAcceleratorError(
+            f"{worker} used {name}, but {name} was initialised in the parent process before the workers were "
+            f"forked, and a forked process cannot use {name}. Return CPU tensors from the Dataset and move each "
+            f"batch to the device in the training loop (pin_memory=True makes that copy fast). If the workers "
+            f"must use {name}, pass multiprocessing_context='spawn' (each worker then starts a fresh interpreter)."
+        )
+
+
+def _after_in_child() -> None:
+    for accelerator in _in_parent:
+        module = sys.modules.get(f"torch.{accelerator}")
+        if module is not None:
+            module._lazy_init = _RefuseLazyInit(accelerator)
+
+
+def register() -> None:
+    register_at_fork(
+        name=NAME, before=_before, after_in_child=_after_in_child, requires=("torch",), replace=True
+    )

@@ -1,0 +1,290 @@
+"""What is live in a process at fork time: native threads, thread pools, accelerators.
+
+A forked child keeps only the forking thread. Whatever other threads held
+(locks, a thread pool's bookkeeping) is copied in whatever state it was in,
+which is how native libraries hang in DataLoader workers. ``snapshot()``
+describes that state for diagnostics (``safeloader doctor``, the stall
+watchdog) and for the built-in backends::
+
+    state = safeloader.forkstate.snapshot()
+    state.native_threads      # threads Python did not start, each with the library it waits in
+    state.gomp_unsafe         # GNU OpenMP runtimes a forked child must keep at 1 thread
+    state.pools               # BLAS/OpenMP pools seen by threadpoolctl (None if not installed)
+    state.accelerators        # ("cuda",) if CUDA is initialised: a forked child cannot use it
+    print(state.describe())   # the same, as text
+
+In a DataLoader worker, ``parent_state()`` is the snapshot the parent took
+just before forking that worker (recorded by the "forkstate" fork hook).
+
+How a thread is attributed to a library: a thread blocked in a system call
+exposes its instruction pointer in ``/proc/self/task/<tid>/syscall``; the
+mapping of ``/proc/self/maps`` that contains it names the library. GNU
+OpenMP (libgomp) on x86-64 issues its futex calls inline, so its idle pool
+threads point into libgomp itself; OpenBLAS and most others wait through
+libc. A thread that is running, or whose wait is in libc on another
+architecture, stays unattributed and is treated as possibly OpenMP.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+
+from . import native
+
+__all__ = ["ForkState", "NativeThread", "Pool", "parent_state", "record", "register", "snapshot"]
+
+# Runtimes whose pool a forked child cannot use: GNU OpenMP keeps the parent's
+# team in the child and waits for threads that do not exist. LLVM/Intel
+# OpenMP (libomp, libiomp5) reset themselves at fork and are not listed.
+_GOMP_PREFIX = "libgomp"
+# Where libgomp's own code issues its futex waits (inline syscall), so an idle
+# pool thread is attributable to it. Elsewhere (aarch64: via libc's syscall())
+# attribution of libgomp threads is impossible and the conservative rule holds.
+_GOMP_ATTRIBUTABLE = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+
+
+@dataclass(frozen=True)
+class NativeThread:
+    """An OS thread of this process that Python's ``threading`` did not start."""
+
+    tid: int
+    name: str
+    """Kernel thread name (``/proc/self/task/<tid>/comm``); usually inherited, so rarely telling."""
+    state: str
+    """"blocked" (waiting in a system call), "running", or "unknown" (could not be read)."""
+    library: str | None
+    """Real path of the shared object whose code issued the blocking call; None unless blocked."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A BLAS or OpenMP thread pool, as threadpoolctl reports it."""
+
+    user_api: str
+    """"blas" or "openmp"."""
+    internal_api: str
+    """"openblas", "mkl", "blis", "openmp", ..."""
+    filepath: str
+    num_threads: int
+    version: str | None
+
+
+@dataclass(frozen=True)
+class ForkState:
+    """A process's fork-relevant state at one moment. Returned by ``snapshot()``."""
+
+    pid: int
+    fork_generation: int
+    """``safeloader.native.fork_generation()`` when taken (a worker's is its parent's + 1)."""
+    python_threads: tuple[tuple[int, str], ...]
+    """(tid, name) of threads started by Python's ``threading``."""
+    native_threads: tuple[NativeThread, ...]
+    """Threads Python did not start: native pools, runtimes, watchdogs of C libraries."""
+    gomp_loaded: tuple[str, ...]
+    """Real paths of the GNU OpenMP runtimes (libgomp copies) loaded in the process."""
+    gomp_live: tuple[str, ...]
+    """Those libgomp copies with pool threads alive: this process ran an OpenMP parallel region."""
+    gomp_unsafe: tuple[str, ...]
+    """libgomp copies whose parallel regions a forked child must run with 1 thread (more hangs):
+    ``gomp_live``, or every loaded copy when some native thread could not be attributed."""
+    pools: tuple[Pool, ...] | None
+    """BLAS/OpenMP pools from threadpoolctl; None when not requested or threadpoolctl is not installed."""
+    accelerators: tuple[str, ...]
+    """Initialised torch accelerators ("cuda", "xpu"): a forked child cannot use them."""
+    torch_threads: int | None
+    """``torch.get_num_threads()``, if torch is imported."""
+    gc_frozen: int
+    """``gc.get_freeze_count()``: objects in the permanent generation."""
+    notes: tuple[str, ...] = field(default=())
+    """Why some facts are missing or conservative."""
+
+    @property
+    def unattributed(self) -> tuple[NativeThread, ...]:
+        """Native threads whose library could not be determined."""
+        return tuple(t for t in self.native_threads if t.library is None)
+
+    def threads_in(self, library: str) -> tuple[NativeThread, ...]:
+        """Native threads waiting in ``library`` (a real path, as in ``NativeThread.library``)."""
+        return tuple(t for t in self.native_threads if t.library == library)
+
+    def describe(self) -> str:
+        """Human-readable lines, for diagnostics."""
+        lines = [
+            f"process {self.pid} (fork generation {self.fork_generation}): "
+            f"{len(self.python_threads)} Python thread(s), {len(self.native_threads)} native thread(s)"
+        ]
+        by_library: dict[str, int] = {}
+        for thread in self.native_threads:
+            key = thread.library or f"unattributed ({thread.state})"
+            by_library[key] = by_library.get(key, 0) + 1
+        lines += [f"  {count} native thread(s) in {library}" for library, count in sorted(by_library.items())]
+        for pool in self.pools or ():
+            lines.append(f"  pool {pool.internal_api} ({pool.user_api}) {pool.num_threads} thread(s): {pool.filepath}")
+        for path in self.gomp_unsafe:
+            why = "has live pool threads" if path in self.gomp_live else "may have live pool threads"
+            lines.append(f"  GNU OpenMP {path} {why}: a forked child must not run it with more than 1 thread")
+        for name in self.accelerators:
+            lines.append(f"  torch.{name} is initialised: a forked child cannot use {name}")
+        if self.torch_threads is not None:
+            lines.append(f"  torch intra-op threads: {self.torch_threads}")
+        if self.gc_frozen:
+            lines.append(f"  {self.gc_frozen} object(s) frozen by gc.freeze()")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _executable_mappings() -> list[tuple[int, int, str]]:
+    mappings = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
+                start, end = parts[0].split("-")
+                mappings.append((int(start, 16), int(end, 16), parts[5].strip()))
+    return mappings
+
+
+def _library_at(address: int, mappings: list[tuple[int, int, str]]) -> str | None:
+    for start, end, path in mappings:
+        if start <= address < end:
+            return os.path.realpath(path)
+    return None
+
+
+def _native_thread(tid: int, name: str, mappings: list[tuple[int, int, str]]) -> NativeThread:
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:  # exited meanwhile, or /proc restricted
+        return NativeThread(tid, name, "unknown", None)
+    if not fields or fields[0] == "running":
+        return NativeThread(tid, name, "running", None)
+    try:
+        address = int(fields[-1], 16)  # "nr args... sp pc": the instruction pointer is last
+    except ValueError:
+        return NativeThread(tid, name, "unknown", None)
+    return NativeThread(tid, name, "blocked", _library_at(address, mappings))
+
+
+def _is_gomp(path: str) -> bool:
+    return os.path.basename(path).startswith(_GOMP_PREFIX)
+
+
+def _pools() -> tuple[tuple[Pool, ...] | None, str | None]:
+    try:
+        import threadpoolctl
+    except ImportError:
+        return None, "threadpoolctl is not installed: pools unknown (pip install torch-safeloader[threadpoolctl])"
+    pools = tuple(
+        Pool(
+            info["user_api"],
+            info["internal_api"],
+            os.path.realpath(info["filepath"]),
+            int(info["num_threads"]),
+            info.get("version"),
+        )
+        for info in threadpoolctl.threadpool_info()
+    )
+    return pools, None
+
+
+def _torch_facts() -> tuple[tuple[str, ...], int | None]:
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "get_num_threads"):  # not imported, or mid-import
+        return (), None
+    accelerators = []
+    for name in ("cuda", "xpu"):
+        module = sys.modules.get(f"torch.{name}")
+        if module is not None and module.is_initialized():
+            accelerators.append(name)
+    return tuple(accelerators), torch.get_num_threads()
+
+
+def snapshot(*, pools: bool = True) -> ForkState:
+    """Describe this process's threads, pools and accelerators now (about 1 ms).
+
+    ``pools=True`` asks threadpoolctl (if installed) for the BLAS/OpenMP pools,
+    which costs about another millisecond; the fork hooks pass False.
+    """
+    census = native.thread_census()
+    mappings = _executable_mappings()
+    threads = tuple(_native_thread(tid, name, mappings) for tid, name in census.foreign)
+    gomp_loaded = tuple(sorted({os.path.realpath(p) for _, _, p in mappings if _is_gomp(p)}))
+    gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
+    notes = []
+    # A thread we cannot attribute might be an OpenMP pool thread: assume the worst.
+    unknown = [t for t in threads if t.library is None]
+    if not _GOMP_ATTRIBUTABLE:
+        unknown += [t for t in threads if t.library is not None and not _is_gomp(t.library)]
+    if gomp_loaded and unknown:
+        gomp_unsafe = gomp_loaded
+        notes.append(
+            f"{len(unknown)} native thread(s) could not be attributed to a library; "
+            "every loaded GNU OpenMP runtime is treated as used"
+        )
+    else:
+        gomp_unsafe = gomp_live
+    pool_list, pool_note = _pools() if pools else (None, None)
+    if pool_note:
+        notes.append(pool_note)
+    accelerators, torch_threads = _torch_facts()
+    return ForkState(
+        pid=os.getpid(),
+        fork_generation=native.fork_generation(),
+        python_threads=census.python,
+        native_threads=threads,
+        gomp_loaded=gomp_loaded,
+        gomp_live=gomp_live,
+        gomp_unsafe=gomp_unsafe,
+        pools=pool_list,
+        accelerators=accelerators,
+        torch_threads=torch_threads,
+        gc_frozen=gc.get_freeze_count(),
+        notes=tuple(notes),
+    )
+
+
+# -- the record taken around each worker fork -----------------------------------
+
+_recorded: ForkState | None = None
+_recorded_for: object = None  # the ForkContext of the fork it was taken for
+
+
+def record() -> ForkState:
+    """In the parent, during a worker fork's ``before`` phase: the state for this fork.
+
+    Taken once per fork (later calls for the same fork return the same
+    object), so several backends can share it; the worker inherits it as
+    ``parent_state()``.
+    """
+    global _recorded, _recorded_for
+    from ._registry import fork_context
+
+    context = fork_context()
+    if _recorded is None or context is None or _recorded_for is not context:
+        _recorded = snapshot(pools=False)
+        _recorded_for = context
+    return _recorded
+
+
+def parent_state() -> ForkState | None:
+    """In a DataLoader worker: the parent's state just before it forked this worker.
+
+    None in a process that is not such a worker, or when the "forkstate" hook
+    was disabled.
+    """
+    state = _recorded
+    if state is None or state.fork_generation != native.fork_generation() - 1:
+        return None
+    return state
+
+
+def register() -> None:
+    """Register the "forkstate" hook, which records ``parent_state()`` for each worker."""
+    from ._registry import register_at_fork
+
+    register_at_fork(before=record, name="forkstate", replace=True)
