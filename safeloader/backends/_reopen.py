@@ -1,0 +1,251 @@
+"""Shared by the file-handle backends (files, h5py, npz): private file descriptions
+in forked workers, and pickling by path for spawn/forkserver workers.
+
+Fork. A worker inherits the parent's file descriptors, and each one refers to
+the *same* open file description: one file offset shared by the parent and all
+workers (and, for flock/OFD locks, one lock owner). Any reader that moves the
+offset (buffered file objects, zipfile, HDF5's stdio driver, C ``FILE*``)
+then reads at the offset another process just set. ``privatize`` gives the
+worker a fresh description of the same inode at the same offset, installed
+under the same descriptor number, so every object holding that descriptor
+(Python file objects, an ``NpzFile``, HDF5's driver) keeps working unchanged.
+The reopen goes through ``/proc/self/fd/N``, so it reaches the very file the
+parent opened even if it was since moved or deleted; the parent's own
+descriptors are not touched.
+
+Spawn/forkserver. Handles cannot be pickled; the backends register reductions
+that pickle them by path and reopen in the worker. They are active only while
+a safeloader loader starts its workers, so other pickling in the process keeps
+its usual behaviour. A reopen that fails in the worker yields an
+``Unavailable`` placeholder whose first use raises an error naming the path
+and the worker, through torch's normal worker-error path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _registry
+
+_PROC_FD = "/proc/self/fd"
+# Files whose content the kernel generates: an offset is not shared state worth privatizing.
+_VIRTUAL_PREFIXES = ("/proc/", "/sys/", "/dev/")
+# File status flags a fresh description should keep (access mode set separately).
+_KEPT_STATUS_FLAGS = (
+    getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_DIRECT", 0)
+    | getattr(os, "O_NOATIME", 0)
+    | getattr(os, "O_LARGEFILE", 0)
+    | getattr(os, "O_SYNC", 0)
+    | getattr(os, "O_DSYNC", 0)
+)
+
+
+@dataclass(frozen=True)
+class InheritedFd:
+    """A descriptor for a regular file, as found in this process."""
+
+    fd: int
+    flags: int
+    dev: int
+    ino: int
+
+    @property
+    def read_only(self) -> bool:
+        return self.flags & os.O_ACCMODE == os.O_RDONLY and not self.flags & getattr(os, "O_PATH", 0)
+
+    @property
+    def path(self) -> str:
+        try:
+            return os.readlink(f"{_PROC_FD}/{self.fd}")
+        except OSError:
+            return f"<fd {self.fd}>"
+
+
+def available() -> bool:
+    """Whether descriptors can be listed and reopened (Linux /proc)."""
+    return os.path.isdir(_PROC_FD)
+
+
+def regular_file_fds() -> Iterator[InheritedFd]:
+    """Every open descriptor of this process that refers to a regular file."""
+    for name in os.listdir(_PROC_FD):
+        fd = int(name)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            import fcntl
+
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+        yield InheritedFd(fd, flags, st.st_dev, st.st_ino)
+
+
+def holds_exclusive_lock(fd: int) -> bool:
+    """Whether this descriptor's open file description holds a write (exclusive)
+    flock or OFD lock. Such a description is a lock, not a data handle: a worker
+    that re-locked a private copy would block on the parent's lock."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as info:
+            return any(line.startswith("lock:") and " WRITE " in line for line in info)
+    except OSError:
+        return False
+
+
+def is_virtual(path: str) -> bool:
+    return path.startswith(_VIRTUAL_PREFIXES)
+
+
+# Descriptors already privatized in this process; a fork starts a fresh set.
+_private: tuple[int, set[int]] = (-1, set())
+
+
+def already_private(fd: int) -> bool:
+    return _private[0] == os.getpid() and fd in _private[1]
+
+
+def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = True) -> None:
+    """Replace ``entry.fd`` in this (child) process with a fresh open file
+    description of the same file, at the same offset, with the same flags.
+
+    ``read_only=True`` opens the new description read-only whatever the old
+    access mode: a worker can then read, but not write, a file the parent
+    holds writable. Raises OSError naming the path and the worker.
+    """
+    global _private
+    if _private[0] != os.getpid():
+        _private = (os.getpid(), set())
+    fd = entry.fd
+    access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
+    flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
+    path = entry.path
+    try:
+        offset = os.lseek(fd, 0, os.SEEK_CUR)
+        fresh = os.open(f"{_PROC_FD}/{fd}", flags)
+    except OSError as exc:
+        where = f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
+        raise type(exc)(
+            exc.errno,
+            f"safeloader could not give {where} its own handle on {path!r} (descriptor {fd}) "
+            f"inherited from the parent: {exc.strerror}. Open the file in the worker instead "
+            f"(e.g. lazily on first use), or pass disable_hooks=('files',) to share the parent's handle",
+        ) from exc
+    try:
+        os.lseek(fresh, offset, os.SEEK_SET)
+        os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))
+    finally:
+        os.close(fresh)
+    _private[1].add(fd)
+
+
+def worker_id() -> int | None:
+    """The DataLoader worker id of this process, if it is one (fork or spawn)."""
+    context = _registry.fork_context()
+    if context is not None:
+        return context.worker_id
+    import sys
+
+    if "torch" in sys.modules:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None:
+            return info.id
+    return None
+
+
+# -- pickling for spawn/forkserver ----------------------------------------------
+
+
+def reducers_active() -> bool:
+    """True while a safeloader loader starts its workers on this thread."""
+    return getattr(_registry._local, "arming", None) is not None
+
+
+_registered: set[type] = set()
+
+
+def register_reducer(cls: type, reduce: Callable[[Any], tuple[Any, ...]]) -> None:
+    """Pickle ``cls`` with ``reduce`` in multiprocessing's pickler while a
+    safeloader loader starts workers; elsewhere ``cls`` pickles as before."""
+    if cls in _registered:
+        return
+    from multiprocessing.reduction import ForkingPickler
+
+    def scoped(obj: Any) -> tuple[Any, ...]:
+        if reducers_active():
+            return reduce(obj)
+        return obj.__reduce_ex__(4)  # what pickle would have done without us
+
+    ForkingPickler.register(cls, scoped)
+    _registered.add(cls)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Which file a path named when the parent pickled a handle: a file
+    replaced at the same path since must not be read in its place."""
+
+    dev: int
+    ino: int
+
+    @classmethod
+    def of_fd(cls, fd: int) -> FileIdentity:
+        st = os.fstat(fd)
+        return cls(st.st_dev, st.st_ino)
+
+    @classmethod
+    def of_path(cls, path: str) -> FileIdentity:
+        st = os.stat(path)
+        return cls(st.st_dev, st.st_ino)
+
+    def check(self, path: str, found: FileIdentity) -> None:
+        if found != self:
+            raise FileNotFoundError(
+                f"{path!r} is no longer the file the parent process opened (it was replaced or moved since)"
+            )
+
+
+class Unavailable:
+    """Stands in, in a spawn/forkserver worker, for a handle that could not be
+    reopened. Any use raises the reopen error, naming the path and the worker.
+
+    Deferring the error to first use lets it reach the parent through torch's
+    worker-error path; raised while unpickling, it would only kill the worker.
+    """
+
+    def __init__(self, what: str, path: str, error: BaseException) -> None:
+        self._what = what
+        self._path = path
+        self._error = error
+
+    def _raise(self, *args: Any, **kwargs: Any) -> Any:
+        error = self._error
+        kind = error.__class__ if isinstance(error, OSError) else OSError
+        wid = worker_id()
+        where = f"DataLoader worker {wid}" if wid is not None else f"process {os.getpid()}"
+        raise kind(f"safeloader: {where} could not reopen {self._what} {self._path!r}: {error}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # protocol probes (copy, numpy, pickle) see a plain object
+            raise AttributeError(name)
+        return self._raise()
+
+    __getitem__ = __len__ = __iter__ = __contains__ = __bool__ = __enter__ = __call__ = _raise
+
+    def __repr__(self) -> str:
+        return f"<safeloader.Unavailable {self._what} {self._path!r}: {self._error}>"
+
+
+def reopen_or_unavailable(what: str, path: str, opener: Callable[[], Any]) -> Any:
+    """``opener()``, or an ``Unavailable`` placeholder if it raises OSError."""
+    try:
+        return opener()
+    except OSError as exc:
+        return Unavailable(what, path, exc)

@@ -1,0 +1,227 @@
+"""h5py: HDF5 files opened in the parent work in every DataLoader worker.
+
+Fork. HDF5's state in the worker (its open files, metadata and chunk caches,
+the h5py ``File``/``Group``/``Dataset`` objects of the user's Dataset) is a
+private copy made by fork; what is still shared is the kernel's open file
+description behind each descriptor: one file offset, which HDF5's ``stdio``
+driver and the Python file objects of the ``fileobj`` driver move on every
+read, and one flock owner, which a worker closing its copy would release for
+the parent. The ``"files"`` hook replaces each inherited read-only descriptor
+with the worker's own description of the same file, so every h5py object
+keeps working as it is, with the parent's open parameters (driver, libver,
+SWMR, cache settings) and without any object having to be found and rebound.
+The default ``sec2`` driver reads with ``pread`` and was already safe;
+in-memory files (``core`` driver, ``File.in_memory``, ``fileobj`` on
+``BytesIO``) live in memory that fork copies, and need nothing.
+
+A file the parent holds *writable* is not reopened: the worker's copy of the
+HDF5 library may hold the parent's unflushed metadata, and writing or closing
+it would write into the parent's file. safeloader warns once per file
+(``WritableFileWarning``, saying what to do), and hook ``"h5py"`` turns the
+worker's descriptors of that file read-only, so nothing a worker does can
+write to it: a write fails with an HDF5 error instead.
+
+No h5py function runs inside the fork window (the parent-side work is done
+in ``prepare_start``, before any worker exists; the child hooks make system
+calls only), so the order relative to h5py's own at-fork handler (h5py >=
+3.14 takes its global lock around fork) does not matter.
+
+Spawn/forkserver. ``h5py.File``, ``Group``, ``Dataset`` and ``Datatype``
+pickle by file path, open parameters and object name, and are reopened in
+the worker, each file once per worker. Files open for writing, in-memory
+files and files on Python file objects cannot be reopened there: pickling
+them raises a TypeError saying what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
+from .._registry import fork_context, hooks, register_at_fork
+from . import _reopen
+
+HOOK_NAME = "h5py"
+
+
+class WritableFileWarning(UserWarning):
+    """An HDF5 file open for writing in the parent while DataLoader workers fork."""
+
+
+def register() -> None:
+    register_at_fork(after_in_child=protect_writable_files, name=HOOK_NAME, priority=60, requires=("h5py",))
+
+
+# (st_dev, st_ino) of files the parent holds writable, for the next workers.
+_writable: frozenset[tuple[int, int]] = frozenset()
+_warned: set[str] = set()
+
+
+def protect_writable_files() -> None:
+    """In a worker: make its descriptors of the parent's writable HDF5 files read-only."""
+    if not _writable or not _reopen.available():
+        return
+    context = fork_context()
+    worker = context.worker_id if context is not None else None
+    for entry in _reopen.regular_file_fds():
+        if (entry.dev, entry.ino) in _writable and not entry.read_only:
+            _reopen.privatize(entry, worker, read_only=True)
+
+
+def _hook_runs_for(loader: Any) -> bool:
+    from .._loader import resolve_options
+
+    hook = next((h for h in hooks() if h.name == HOOK_NAME), None)
+    return hook is not None and hook.enabled and HOOK_NAME not in resolve_options(loader).disable_hooks
+
+
+def prepare_start(loader: Any, start_method: str) -> None:
+    if "h5py" not in sys.modules:
+        return
+    import h5py
+
+    if start_method == "fork":
+        global _writable
+        _writable = frozenset(_writable_files(warn=_hook_runs_for(loader)))
+    else:
+        for cls in (h5py.File, h5py.Group, h5py.Dataset, h5py.Datatype):
+            _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
+
+
+def _writable_files(warn: bool) -> set[tuple[int, int]]:
+    """Inodes of the HDF5 files open for writing in this process (warning once for each)."""
+    import h5py
+    from h5py import h5f, h5fd
+
+    found = set()
+    with h5py._objects.phil:
+        for fid in h5f.get_obj_ids(types=h5f.OBJ_FILE):
+            if not fid.get_intent() & (h5f.ACC_RDWR | getattr(h5f, "ACC_SWMR_WRITE", 0)):
+                continue
+            fapl = fid.get_access_plist()
+            driver = fapl.get_driver()
+            if driver == h5fd.CORE and not fapl.get_fapl_core()[1]:
+                continue  # in memory only: the worker's copy is private
+            name = os.fsdecode(h5f.get_name(fid))
+            identity = None
+            try:
+                identity = os.fstat(fid.get_vfd_handle()) if driver == h5fd.SEC2 else os.stat(name)
+                found.add((identity.st_dev, identity.st_ino))
+            except (OSError, ValueError, TypeError):
+                pass  # a file object, or a file moved since: nothing we can match in workers
+            if warn and name not in _warned:
+                _warned.add(name)
+                protected = (
+                    "workers can read it as of the fork, but cannot write to it"
+                    if identity is not None
+                    else "safeloader cannot protect it, and a worker writing to it or closing it would corrupt it"
+                )
+                warnings.warn(
+                    f"HDF5 file {name!r} is open for writing in the DataLoader's parent process; workers "
+                    f"inherit it and safeloader does not reopen it ({protected}). If the Dataset reads it, "
+                    "open it read-only with h5py.File(path, 'r') and close the writable handle before "
+                    "iterating; write to it from the main process only.",
+                    WritableFileWarning,
+                    stacklevel=2,
+                )
+    return found
+
+
+# -- spawn/forkserver: pickle by path and name -------------------------------------
+
+
+def _locking_argument(fapl: Any) -> Any:
+    try:
+        use, ignore_when_disabled = fapl.get_file_locking()
+    except (AttributeError, RuntimeError):
+        return None
+    if not use:
+        return False
+    return "best-effort" if ignore_when_disabled else True
+
+
+def reduce_file(f: Any) -> tuple[Any, ...]:
+    """Pickle an open read-only ``h5py.File`` by path and open parameters."""
+    if not f.id.valid:
+        raise TypeError(f"cannot pickle a closed h5py.File for a DataLoader worker, got {f!r}")
+    name = f.filename
+    if f.mode != "r":
+        raise TypeError(
+            f"HDF5 file {name!r} is open for writing (mode {f.mode!r}): safeloader reopens only read-only "
+            "files in spawn/forkserver workers. Open it with h5py.File(path, 'r') in the Dataset"
+        )
+    driver = f.driver
+    fapl = f.id.get_access_plist()
+    options: dict[str, Any] = {}
+    if driver == "core":
+        block_size, backing_store = fapl.get_fapl_core()
+        options.update(block_size=block_size, backing_store=backing_store)
+    elif driver not in ("sec2", "stdio", "direct"):
+        raise TypeError(
+            f"HDF5 file {name!r} is open on the {driver!r} driver, which safeloader cannot reopen in a "
+            "spawn/forkserver worker (in-memory files and files on Python file objects have no path to reopen): "
+            "open it by path, h5py.File(path, 'r'), or use fork workers"
+        )
+    try:
+        identity = _reopen.FileIdentity.of_path(name)
+    except OSError as exc:
+        raise TypeError(
+            f"HDF5 file {name!r} cannot be reopened in a spawn/forkserver worker ({exc.strerror}); "
+            "in-memory HDF5 files have no path to reopen: use fork workers, or write the file to disk"
+        ) from exc
+    _, rdcc_nslots, rdcc_nbytes, rdcc_w0 = fapl.get_cache()
+    options.update(
+        driver=None if driver == "sec2" else driver,
+        libver=f.libver,
+        swmr=bool(f.swmr_mode),
+        rdcc_nslots=rdcc_nslots,
+        rdcc_nbytes=rdcc_nbytes,
+        rdcc_w0=rdcc_w0,
+    )
+    locking = _locking_argument(fapl)
+    if locking is not None:
+        options["locking"] = locking
+    page_buf_size = fapl.get_page_buffer_size()[0]
+    if page_buf_size:
+        options["page_buf_size"] = page_buf_size
+    return reopen_file, (name, tuple(sorted(options.items())), identity)
+
+
+# One reopened File per (path, parameters) in a worker: a Dataset's File, and
+# the File behind each of its Dataset objects, are the same handle again.
+_reopened: dict[tuple[Any, ...], Any] = {}
+
+
+def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reopen.FileIdentity) -> Any:
+    """In a spawn/forkserver worker: the ``h5py.File`` the parent pickled, opened read-only."""
+    key = (name, options, identity)
+    if key in _reopened:
+        return _reopened[key]
+
+    def opener() -> Any:
+        import h5py
+
+        identity.check(name, _reopen.FileIdentity.of_path(name))
+        return h5py.File(name, "r", **dict(options))
+
+    _reopened[key] = handle = _reopen.reopen_or_unavailable("HDF5 file", name, opener)
+    return handle
+
+
+def reduce_object(obj: Any) -> tuple[Any, ...]:
+    """Pickle an h5py Group, Dataset or Datatype as (its file, its path in the file)."""
+    if not obj.id.valid:
+        raise TypeError(f"cannot pickle a closed h5py object for a DataLoader worker, got {obj!r}")
+    if obj.name is None:
+        raise TypeError(
+            f"cannot reopen the anonymous HDF5 object {obj!r} in a spawn/forkserver worker: link it into the file"
+        )
+    return reopen_object, (obj.file, obj.name)
+
+
+def reopen_object(file: Any, name: str) -> Any:
+    if isinstance(file, _reopen.Unavailable):
+        return file
+    return file[name]

@@ -1,0 +1,69 @@
+"""npz: ``np.load("x.npz")`` archives opened in the parent work in every worker.
+
+Fork. An ``NpzFile`` reads through a ``zipfile.ZipFile`` on a buffered file
+object, which seeks and reads at a file offset the parent and all workers
+share: reads fail (``BadZipFile``, bad CRC) or return wrong data, in the
+workers and in the parent. The ``"files"`` hook gives each worker its own
+open file description of the archive at the same offset, under the same
+descriptor, so the ``NpzFile``, its ``ZipFile`` and its file object keep
+working unchanged in the worker and in the parent. No NpzFile needs finding,
+so this module registers no fork hook of its own.
+
+Spawn/forkserver. An ``NpzFile`` pickles by path (or by its file object, for
+``np.load(fileobj)``) with its ``allow_pickle``/``max_header_size`` settings
+and is reopened in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from . import _reopen
+
+
+def register() -> None:
+    """No fork hook: the "files" hook privatizes the archive's descriptor."""
+
+
+def prepare_start(loader: Any, start_method: str) -> None:
+    if start_method != "fork" and "numpy" in sys.modules:
+        from numpy.lib.npyio import NpzFile
+
+        _reopen.register_reducer(NpzFile, reduce_npz)
+
+
+def reduce_npz(npz: Any) -> tuple[Any, ...]:
+    """Pickle an open ``NpzFile`` by path, or by the file object it reads."""
+    if npz.zip is None or npz.zip.fp is None:
+        raise TypeError(f"cannot pickle a closed NpzFile for a DataLoader worker, got {npz!r}")
+    settings = {"allow_pickle": npz.allow_pickle, "pickle_kwargs": npz.pickle_kwargs}
+    if hasattr(npz, "max_header_size"):
+        settings["max_header_size"] = npz.max_header_size
+    fid = npz.fid
+    if fid is not None:  # opened by np.load from a path
+        path = os.fsdecode(fid.name)
+        return reopen_npz, (path, _reopen.FileIdentity.of_fd(fid.fileno()), settings)
+    return reopen_npz, (npz.zip.fp, None, settings)  # the file object pickles itself (or refuses)
+
+
+def reopen_npz(source: Any, identity: _reopen.FileIdentity | None, settings: dict[str, Any]) -> Any:
+    """In a spawn/forkserver worker: the ``NpzFile`` the parent pickled."""
+    from numpy.lib.npyio import NpzFile
+
+    if identity is None:
+        if isinstance(source, _reopen.Unavailable):
+            return source
+        return NpzFile(source, own_fid=False, **settings)
+
+    def opener() -> Any:
+        fid = open(source, "rb")
+        try:
+            identity.check(source, _reopen.FileIdentity.of_fd(fid.fileno()))
+            return NpzFile(fid, own_fid=True, **settings)
+        except BaseException:
+            fid.close()
+            raise
+
+    return _reopen.reopen_or_unavailable("npz archive", source, opener)

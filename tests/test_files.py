@@ -1,0 +1,310 @@
+"""Plain files opened in a Dataset's __init__ read correctly in forked workers.
+
+Also holds the random-read harness the npz and h5py tests share.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, RandomSampler
+
+import safeloader
+from safeloader import DataLoader, HookError
+from safeloader.backends import files as files_backend
+
+from .subproc import check_python
+
+pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(60)]
+
+RECORD = 64  # bytes per record
+COUNT = 512  # records per file
+SECONDS = 2.0  # of random reads per case
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
+# -- shared harness ----------------------------------------------------------------
+
+
+def random_loader(loader_class, dataset, num_workers: int = 4, **kwargs):
+    """4 workers reading random items, with replacement, more than anyone will read."""
+    sampler = RandomSampler(dataset, replacement=True, num_samples=10**7)
+    return loader_class(dataset, batch_size=8, sampler=sampler, num_workers=num_workers, **kwargs)
+
+
+def check_random_reads(loader, expected: np.ndarray, seconds: float = SECONDS, parent_check=None) -> int:
+    """Read items ``(index, values)`` for ``seconds``; every value must equal ``expected[index]``.
+
+    ``parent_check`` runs in the parent after each batch (its own reads, while
+    workers run). Returns the number of items checked.
+    """
+    checked = 0
+    iterator = iter(loader)
+    start = time.monotonic()
+    try:
+        for index, values in iterator:
+            want = torch.from_numpy(expected[index.numpy()])
+            wrong = (values != want).flatten(1).any(1)
+            assert not wrong.any(), f"{int(wrong.sum())} wrong items of {len(index)}, indices {index[wrong].tolist()}"
+            checked += len(index)
+            if parent_check is not None:
+                parent_check()
+            if time.monotonic() - start > seconds:
+                break
+    finally:
+        iterator._shutdown_workers()
+    return checked
+
+
+def count_failures(loader, expected: np.ndarray, seconds: float) -> tuple[int, int, str]:
+    """Like ``check_random_reads``, but counts wrong items and errors; stops at the first
+    failure or after ``seconds``. Returns (items read, wrong items, first error)."""
+    checked = wrong = 0
+    error = ""
+    iterator = iter(loader)
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < seconds and not (wrong or error):
+            index, values = next(iterator)
+            want = torch.from_numpy(expected[index.numpy()])
+            wrong += int((values != want).flatten(1).any(1).sum())
+            checked += len(index)
+    except Exception as exc:  # a worker's read failed: torch re-raises it here
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    finally:
+        iterator._shutdown_workers()
+    return checked, wrong, error
+
+
+def torch_failure_script(setup: str, seconds: float = 8.0) -> str:
+    """Code for a fresh interpreter: the same Dataset under torch's own DataLoader."""
+    return f"""
+        import sys, warnings
+        sys.path.insert(0, {REPO!r})
+        warnings.simplefilter("ignore")
+        import torch.utils.data
+        from tests.test_files import count_failures, random_loader
+        {setup}
+        checked, wrong, error = count_failures(random_loader(torch.utils.data.DataLoader, dataset), expected, {seconds})
+        print("RESULT", checked, wrong, repr(error))
+    """
+
+
+def parse_failure(stdout: str) -> tuple[int, int, str]:
+    line = next(line for line in stdout.splitlines() if line.startswith("RESULT"))
+    _, checked, wrong, error = line.split(" ", 3)
+    return int(checked), int(wrong), eval(error)
+
+
+# -- plain files -------------------------------------------------------------------
+
+
+def write_records(directory: Path, count: int = COUNT, seed: int = 0) -> tuple[Path, Path, np.ndarray]:
+    """A binary file of ``count`` records and a text file of the same records in hex."""
+    data = np.random.default_rng(seed).integers(0, 256, (count, RECORD), dtype=np.uint8)
+    binary, text = directory / "records.bin", directory / "records.txt"
+    data.tofile(binary)
+    text.write_text("".join(row.tobytes().hex() + "\n" for row in data))
+    return binary, text, data
+
+
+class Records(Dataset):
+    """Reads record i through four handles opened here: buffered, unbuffered, text, raw descriptor."""
+
+    def __init__(self, binary: str, text: str) -> None:
+        self.buffered = open(binary, "rb")
+        self.unbuffered = open(binary, "rb", buffering=0)
+        self.text = open(text)
+        self.fd = os.open(binary, os.O_RDONLY)
+        self.count = os.path.getsize(binary) // RECORD
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int):
+        self.buffered.seek(i * RECORD)
+        a = self.buffered.read(RECORD)
+        self.unbuffered.seek(i * RECORD)
+        b = self.unbuffered.read(RECORD)
+        self.text.seek(i * (2 * RECORD + 1))
+        c = bytes.fromhex(self.text.readline().strip())
+        os.lseek(self.fd, i * RECORD, os.SEEK_SET)
+        d = os.read(self.fd, RECORD)
+        return i, np.stack([np.frombuffer(x, np.uint8) for x in (a, b, c, d)])
+
+
+def direct_records(binary: Path) -> np.ndarray:
+    """Expected values: a direct read of the file, once per handle kind."""
+    data = np.fromfile(binary, np.uint8).reshape(-1, RECORD)
+    return np.repeat(data[:, None, :], 4, axis=1)
+
+
+def test_plain_files_opened_in_init_read_correctly_in_4_workers(tmp_path):
+    binary, text, _ = write_records(tmp_path)
+    dataset = Records(str(binary), str(text))
+    expected = direct_records(binary)
+    rng = np.random.default_rng(1)
+
+    def parent_reads():  # through the same handles, while the workers run
+        i = int(rng.integers(COUNT))
+        assert (dataset[i][1] == expected[i]).all()
+
+    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
+    assert checked > 100
+    parent_reads()
+
+
+@pytest.mark.timeout(90)
+def test_same_plain_files_under_torch_loader_give_wrong_data_or_errors(tmp_path):
+    binary, text, _ = write_records(tmp_path)
+    setup = f"""
+        from tests.test_files import Records, direct_records
+        from pathlib import Path
+        dataset = Records({str(binary)!r}, {str(text)!r})
+        expected = direct_records(Path({str(binary)!r}))
+    """
+    result = check_python(torch_failure_script(setup), timeout=80)
+    checked, wrong, error = parse_failure(result.stdout)
+    assert wrong > 0 or error, f"torch's loader read {checked} items correctly: the failure was not shown"
+
+
+def test_parent_offset_and_buffer_are_untouched_by_workers(tmp_path):
+    binary, text, data = write_records(tmp_path)
+    dataset = Records(str(binary), str(text))
+    dataset.buffered.seek(10 * RECORD + 3)
+    os.lseek(dataset.fd, 7 * RECORD, os.SEEK_SET)
+    check_random_reads(random_loader(DataLoader, dataset, num_workers=2), direct_records(binary), seconds=0.5)
+    assert dataset.buffered.tell() == 10 * RECORD + 3
+    assert dataset.buffered.read(RECORD - 3) == data[10, 3:].tobytes()
+    assert os.lseek(dataset.fd, 0, os.SEEK_CUR) == 7 * RECORD
+
+
+class SequentialReader(Dataset):
+    """Item i: the next record from where the parent left the file, plus the worker's pid."""
+
+    def __init__(self, path: str, start: int) -> None:
+        self.file = open(path, "rb")
+        self.file.seek(start * RECORD)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return np.frombuffer(self.file.read(RECORD), np.uint8).copy()
+
+
+def test_each_worker_continues_from_the_parents_position(tmp_path):
+    binary, _, data = write_records(tmp_path)
+    dataset = SequentialReader(str(binary), start=5)
+    # Each worker reads its first item from the parent's position (record 5),
+    # not from where a sibling left a shared offset.
+    batches = list(DataLoader(dataset, batch_size=1, num_workers=4))
+    assert [b[0].tolist() for b in batches] == [data[5].tolist()] * 4
+
+
+def test_deleted_and_moved_files_still_read_the_parents_file(tmp_path):
+    binary, text, _ = write_records(tmp_path)
+    dataset = Records(str(binary), str(text))
+    expected = direct_records(binary)
+    binary.rename(tmp_path / "moved.bin")
+    text.unlink()
+    check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
+
+
+def test_failed_reopen_is_an_error_naming_path_and_worker(tmp_path, monkeypatch):
+    binary, text, _ = write_records(tmp_path)
+    dataset = Records(str(binary), str(text))
+    real_open = os.open
+
+    def refuse_reopen(path, *args, **kwargs):  # inherited by the forked workers
+        if str(path).startswith("/proc/self/fd/"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse_reopen)
+    iterator = iter(DataLoader(dataset, num_workers=2))
+    try:
+        with pytest.raises(HookError) as raised:
+            next(iterator)
+    finally:
+        iterator._shutdown_workers()
+    message = str(raised.value)
+    assert "'files'" in message and "DataLoader worker" in message
+    assert str(binary) in message or str(text) in message
+
+
+class LockHolder(Dataset):
+    """Reports whether the worker's descriptor still shares the parent's locked description."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "rb")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int):
+        with open(f"/proc/self/fdinfo/{self.file.fileno()}") as info:
+            return any(line.startswith("lock:") for line in info)
+
+
+def test_descriptor_holding_an_exclusive_lock_is_left_shared(tmp_path):
+    binary, _, _ = write_records(tmp_path)
+    dataset = LockHolder(str(binary))
+    # A worker re-locking a private copy would block on the parent's lock.
+    assert list(DataLoader(dataset, num_workers=1)) == [torch.tensor([True])]
+
+
+def test_files_hook_can_be_disabled_per_loader(tmp_path):
+    binary, _, data = write_records(tmp_path)
+    dataset = SequentialReader(str(binary), start=0)
+    items = list(DataLoader(dataset, batch_size=1, num_workers=1, disable_hooks=("files",)))
+    assert items[0][0].tolist() == data[0].tolist()
+    # Without the hook the worker moved the shared offset: the parent sees it.
+    assert os.lseek(dataset.file.fileno(), 0, os.SEEK_CUR) != 0
+
+
+# -- pickling for spawn/forkserver (the workers themselves run in test_h5py) ---------
+
+
+def test_file_reduction_applies_only_while_a_safeloader_loader_starts(tmp_path):
+    binary, _, _ = write_records(tmp_path)
+    files_backend.prepare_start(None, "spawn")
+    from multiprocessing.reduction import ForkingPickler
+
+    with open(binary, "rb") as f:
+        with pytest.raises(TypeError, match="cannot pickle"):
+            ForkingPickler.dumps(f)
+        with pytest.raises(TypeError, match="cannot pickle"):
+            pickle.dumps(f)
+
+
+def test_text_and_writable_files_are_refused_for_spawn_with_a_clear_message(tmp_path):
+    binary, text, _ = write_records(tmp_path)
+    with open(text) as f, pytest.raises(TypeError, match="binary mode"):
+        files_backend.reduce_file(f)
+    with open(binary, "r+b") as f, pytest.raises(TypeError, match=r"open\(path, 'rb'\)"):
+        files_backend.reduce_file(f.raw)
+
+
+def test_reopened_file_keeps_position_and_refuses_a_replaced_file(tmp_path):
+    binary, _, data = write_records(tmp_path)
+    with open(binary, "rb") as f:
+        f.seek(3 * RECORD)
+        function, args = files_backend.reduce_file(f)
+    reopened = function(*args)
+    assert reopened.read(RECORD) == data[3].tobytes()
+    reopened.close()
+    binary.rename(tmp_path / "old.bin")
+    binary.write_bytes(b"x" * 1000)  # another file at the same path
+    stand_in = function(*args)
+    with pytest.raises(FileNotFoundError, match=f"could not reopen file '{binary}'.*replaced or moved"):
+        stand_in.read(RECORD)
+    assert safeloader.hooks()  # the registry is intact
