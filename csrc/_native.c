@@ -7,6 +7,9 @@
  * - thread_ids(): the kernel thread ids of every OS thread of this process,
  *   read from /proc/self/task, including threads Python did not start
  *   (Rust/rayon, OpenMP, OpenBLAS, gloo...).
+ * - install_backtrace_handler() / signal_thread(): signal-safe native
+ *   backtraces of a stuck worker's threads, for the stall watchdog
+ *   (backtrace.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,6 +17,8 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
+
+#include "backtrace.h"
 
 static volatile unsigned long fork_generation_value = 0;
 
@@ -44,12 +49,32 @@ static PyObject *thread_ids(PyObject *self, PyObject *unused) {
     return result;
 }
 
+static PyObject *install_backtrace_handler(PyObject *self, PyObject *args) {
+    int signum, fd;
+    if (!PyArg_ParseTuple(args, "ii:install_backtrace_handler", &signum, &fd)) return NULL;
+    if (sl_install_backtrace_handler(signum, fd) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *signal_thread(PyObject *self, PyObject *args) {
+    int pid, tid, signum;
+    if (!PyArg_ParseTuple(args, "iii:signal_thread", &pid, &tid, &signum)) return NULL;
+    if (sl_signal_thread(pid, tid, signum) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fork_generation", fork_generation, METH_NOARGS,
      "Number of forks this process descends from since the module was loaded "
      "(counted by a pthread_atfork child handler)."},
     {"thread_ids", thread_ids, METH_NOARGS,
      "Sorted kernel thread ids of every OS thread of this process."},
+    {"install_backtrace_handler", install_backtrace_handler, METH_VARARGS,
+     "install_backtrace_handler(signum, fd) -> True: on `signum`, the receiving thread "
+     "writes its native backtrace (library and symbol of each frame) to `fd`, "
+     "from a signal-safe handler."},
+    {"signal_thread", signal_thread, METH_VARARGS,
+     "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
     {NULL, NULL, 0, NULL},
 };
 

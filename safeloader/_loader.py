@@ -15,7 +15,7 @@ from typing import Any
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry, backends
+from . import _registry, backends, watchdog
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -41,13 +41,18 @@ class WorkerInit:
     ``worker_init_fn`` with the worker id. Picklable for spawn/forkserver.
     """
 
-    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
+    def __init__(self, user_fn: Callable[[int], None] | None, watch: watchdog.Watch | None = None) -> None:
         self.user_fn = user_fn
+        self.watch = watch  # the stall watchdog's heartbeats, or None when it is off
 
     def __call__(self, worker_id: int) -> None:
+        if self.watch is not None:
+            self.watch.enter_worker(worker_id)  # already done at fork; spawn/forkserver workers start here
         _registry.raise_child_failure()
         if self.user_fn is not None:
             self.user_fn(worker_id)
+        if self.watch is not None:
+            self.watch.worker_ready(worker_id)
 
 
 def resolve_options(loader: Any) -> Options:
@@ -84,6 +89,7 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         # method explicitly with set_start_method() keeps it.
         if torch.multiprocessing.get_start_method(allow_none=True) is None:
             loader.multiprocessing_context = "fork"
+    watch = loader.worker_init_fn.watch = watchdog.start_watch(loader, options, _start_method(loader))
     arming = _registry._Arming(loader, options)
     _registry._local.arming = arming
     try:
@@ -96,6 +102,8 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     if arming.errors:
         _shutdown(iterator)
         raise arming.errors[0]
+    if watch is not None:
+        watchdog.attach(iterator, watch)
     return iterator
 
 

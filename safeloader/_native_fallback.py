@@ -28,3 +28,27 @@ def fork_generation() -> int:
 def thread_ids() -> list[int]:
     """Sorted kernel thread ids of every OS thread of this process."""
     return sorted(int(name) for name in os.listdir("/proc/self/task"))
+
+
+def install_backtrace_handler(signum: int, fd: int) -> bool:
+    """No native backtraces without the extension: installs nothing, returns False.
+
+    The stall watchdog then reports the worker's Python stacks only.
+    """
+    return False
+
+
+def signal_thread(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to one thread of a process (tgkill), through libc when it has it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    tgkill = getattr(libc, "tgkill", None)
+    if tgkill is None:  # glibc < 2.30: only the whole process can be signalled
+        if tid != pid:
+            raise OSError(f"signal_thread needs tgkill (glibc >= 2.30) for a thread other than the main one, got {tid}")
+        os.kill(pid, signum)
+        return
+    if tgkill(pid, tid, signum) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))

@@ -24,7 +24,15 @@ else:
 
         NATIVE = False
 
-__all__ = ["NATIVE", "ThreadCensus", "fork_generation", "thread_census", "thread_ids"]
+__all__ = [
+    "NATIVE",
+    "ThreadCensus",
+    "fork_generation",
+    "install_backtrace_handler",
+    "signal_thread",
+    "thread_census",
+    "thread_ids",
+]
 
 
 def fork_generation() -> int:
@@ -39,6 +47,22 @@ def fork_generation() -> int:
 def thread_ids() -> list[int]:
     """Sorted kernel thread ids (TIDs) of every OS thread of this process."""
     return _impl.thread_ids()
+
+
+def install_backtrace_handler(signum: int, fd: int) -> bool:
+    """On ``signum``, the receiving thread writes its native backtrace to ``fd``.
+
+    One ``native-thread <tid> <name>`` line, one ``frame <address> <library>
+    <offset> <symbol>+<offset>`` line per frame, then ``end-thread <tid>``.
+    Written from a signal-safe handler, so it works in a thread stuck in a
+    deadlock. Returns False without the C extension (nothing is installed).
+    """
+    return bool(_impl.install_backtrace_handler(signum, fd))
+
+
+def signal_thread(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to one thread ``tid`` of process ``pid`` (tgkill)."""
+    _impl.signal_thread(pid, tid, signum)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,12 @@
+/* Signal-safe native backtraces for the stall watchdog: see backtrace.c. */
+#ifndef SAFELOADER_BACKTRACE_H
+#define SAFELOADER_BACKTRACE_H
+
+/* Install a handler for `signum` that writes the receiving thread's backtrace
+ * to `fd`. Returns 0, or -1 with errno set. */
+int sl_install_backtrace_handler(int signum, int fd);
+
+/* tgkill(pid, tid, signum): signal one thread of a process. 0, or -1 with errno. */
+int sl_signal_thread(int pid, int tid, int signum);
+
+#endif

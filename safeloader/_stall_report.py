@@ -1,0 +1,413 @@
+"""What a stalled worker was doing: its Python and native stacks, and the likely cause.
+
+Collected by the parent (``collect``), from dumps the worker writes when
+signalled (see ``watchdog``), and turned into the ``WorkerStallError``
+message (``message``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import _registry, native
+from .watchdog import NATIVE_READY, NATIVE_STACK_SIGNAL, PYTHON_READY, PYTHON_STACK_SIGNAL, Watch
+
+PYTHON_DUMP_WAIT = 3.0
+NATIVE_THREAD_WAIT = 0.5
+NATIVE_TOTAL_WAIT = 8.0
+
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_PY_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+@dataclass
+class PythonThread:
+    ident: int
+    main: bool
+    frames: list[tuple[str, int, str]]
+    """(file, line, function), innermost first (faulthandler's order)."""
+
+
+@dataclass
+class NativeThread:
+    tid: int
+    name: str
+    kernel_wait: str
+    """What the kernel says the thread waits in (``/proc/<pid>/task/<tid>/wchan``), e.g. futex_wait_queue."""
+    frames: list[tuple[str, str]] = field(default_factory=list)
+    """(library path, symbol) per frame, innermost first."""
+
+
+@dataclass
+class StallReport:
+    worker_id: int
+    pid: int
+    waited: float
+    limit: float
+    starting: bool
+    items_done: int
+    python_threads: list[PythonThread]
+    python_text: str
+    native_threads: list[NativeThread]
+    native_available: bool
+    cause: str = ""
+
+    @property
+    def main_thread(self) -> PythonThread | None:
+        return next((t for t in self.python_threads if t.main), None)
+
+    def stuck_frames(self) -> list[tuple[str, int, str]]:
+        """The main thread's frames, innermost first, without safeloader's own wrappers."""
+        thread = self.main_thread
+        if thread is None:
+            return []
+        frames = []
+        for frame in thread.frames:
+            if frame[0].endswith(os.path.join("safeloader", "watchdog.py")):
+                continue  # safeloader's own heartbeat wrappers
+            frames.append(frame)
+            if frame[2] == "_worker_loop":
+                break  # what is outside is multiprocessing's process start
+        return frames
+
+
+# -- collecting ----------------------------------------------------------------------
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    with open(path, "rb") as dump:
+        dump.seek(offset)
+        return dump.read().decode("utf-8", "replace")
+
+
+def _wait_for_dump(path: str, offset: int, deadline: float, marker: str | None = None) -> str:
+    """What was appended to ``path`` after ``offset``: until ``marker`` appears, or the size settles."""
+    last_size, settled_since = offset, None
+    while time.monotonic() < deadline:
+        size = _size(path)
+        if size > offset:
+            if marker is not None and marker in _read_from(path, offset):
+                break
+            if marker is None:
+                if size == last_size and settled_since is not None and time.monotonic() - settled_since > 0.15:
+                    break
+                if size != last_size:
+                    settled_since = time.monotonic()
+        last_size = size
+        time.sleep(0.02)
+    return _read_from(path, offset) if _size(path) > offset else ""
+
+
+def _read_proc(path: str) -> str:
+    try:
+        with open(path) as proc:
+            return proc.read().strip()
+    except OSError:
+        return ""
+
+
+def _parse_python(text: str, main_ident: int | None) -> list[PythonThread]:
+    threads: list[PythonThread] = []
+    for line in text.splitlines():
+        header = _THREAD_HEADER.match(line)
+        if header:
+            ident = int(header.group(2), 16)
+            threads.append(PythonThread(ident, ident == main_ident, []))
+            continue
+        frame = _PY_FRAME.match(line)
+        if frame and threads:
+            threads[-1].frames.append((frame["file"], int(frame["line"]), frame["func"]))
+    return threads
+
+
+def _parse_native(text: str, pid: int) -> dict[int, list[tuple[str, str]]]:
+    frames: dict[int, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "native-thread" and len(parts) >= 2:
+            current = frames.setdefault(int(parts[1]), [])
+        elif parts[0] == "frame" and current is not None and len(parts) >= 5:
+            symbol = " ".join(parts[4:])
+            current.append((parts[2], f"?{parts[3]}" if symbol == "?" else symbol))  # unnamed: offset in the library
+        elif parts[0] == "end-thread":
+            current = None
+    return frames
+
+
+def _blocks_signal(pid: int, tid: int, signum: int) -> bool:
+    for line in _read_proc(f"/proc/{pid}/task/{tid}/status").splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def collect(
+    watch: Watch, worker_id: int, pid: int, waited: float, limit: float, starting: bool, items: float
+) -> StallReport:
+    """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked)."""
+    flags = watch.ready_flags(worker_id)
+    python_text, main_ident = "", None
+    if flags & PYTHON_READY:
+        path = watch.python_stack_path(worker_id)
+        header = _read_from(path, 0).splitlines()[:1]
+        if header and header[0].startswith("main-thread "):
+            main_ident = int(header[0].split()[1], 16)
+        offset = _size(path)
+        try:
+            os.kill(pid, PYTHON_STACK_SIGNAL)
+            python_text = _wait_for_dump(path, offset, time.monotonic() + PYTHON_DUMP_WAIT)
+        except ProcessLookupError:
+            pass
+    native_threads = []
+    tids = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") else []
+    native_frames: dict[int, list[tuple[str, str]]] = {}
+    if flags & NATIVE_READY:
+        path = watch.native_stack_path(worker_id)
+        deadline = time.monotonic() + NATIVE_TOTAL_WAIT
+        for tid in tids:
+            if _blocks_signal(pid, tid, NATIVE_STACK_SIGNAL):
+                continue  # e.g. multiprocessing's resource-sharer thread blocks every signal
+            offset = _size(path)
+            try:
+                native.signal_thread(pid, tid, NATIVE_STACK_SIGNAL)
+            except OSError:
+                continue  # the thread exited meanwhile
+            thread_deadline = min(deadline, time.monotonic() + NATIVE_THREAD_WAIT)
+            _wait_for_dump(path, offset, thread_deadline, marker=f"end-thread {tid}\n")
+        native_frames = _parse_native(_read_from(path, 0), pid)
+    for tid in tids:
+        task = f"/proc/{pid}/task/{tid}"
+        native_threads.append(
+            NativeThread(tid, _read_proc(f"{task}/comm"), _read_proc(f"{task}/wchan"), native_frames.get(tid, []))
+        )
+    report = StallReport(
+        worker_id=worker_id,
+        pid=pid,
+        waited=waited,
+        limit=limit,
+        starting=starting,
+        items_done=int(items),
+        python_threads=_parse_python(python_text, main_ident),
+        python_text=python_text,
+        native_threads=native_threads,
+        native_available=bool(flags & NATIVE_READY),
+    )
+    report.cause = likely_cause(report, watch)
+    return report
+
+
+# -- explaining ----------------------------------------------------------------------
+
+
+def _hook_state(name: str, watch: Watch) -> str:
+    """Why the safeloader backend ``name`` did not prevent this."""
+    hook = next((h for h in _registry.hooks() if h.name == name), None)
+    if hook is None:
+        return f"this safeloader has no {name!r} backend registered"
+    if name in watch.disabled_hooks:
+        return f"safeloader's {name!r} backend is disabled for this loader: remove {name!r} from disable_hooks"
+    if not hook.enabled:
+        return f"safeloader's {name!r} backend is disabled (safeloader.disable); call safeloader.enable({name!r})"
+    return f"safeloader's {name!r} backend was active: please report this stack as a safeloader bug"
+
+
+def _libraries(report: StallReport) -> set[str]:
+    return {lib for thread in report.native_threads for lib, _ in thread.frames}
+
+
+def short_library(path: str) -> str:
+    """``zarrs/_internal.abi3.so`` for an installed package's library, the file name otherwise."""
+    _, marker, inside = path.rpartition("-packages" + os.sep)
+    return inside if marker else os.path.basename(path)
+
+
+def _is_library_code(file: str) -> bool:
+    import sysconfig
+
+    roots = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(root and file.startswith(root + os.sep) for root in roots) or "-packages" + os.sep in file
+
+
+def _symbols(report: StallReport) -> list[str]:
+    return [symbol for thread in report.native_threads for _, symbol in thread.frames]
+
+
+def _python_files(report: StallReport) -> list[str]:
+    return [f for thread in report.python_threads for f, _, _ in thread.frames]
+
+
+def likely_cause(report: StallReport, watch: Watch) -> str:
+    libraries, symbols, files = _libraries(report), _symbols(report), _python_files(report)
+    main_files = [f for f, _, _ in (report.main_thread.frames if report.main_thread else [])]
+    if any(f"{os.sep}zarrs{os.sep}" in path for path in [*files, *libraries]):
+        return (
+            "zarrs/rayon: the worker waits for rayon's global thread pool (zarrs decodes every multi-chunk read "
+            "there). The parent created that pool before the fork (it opened or read an array with zarrs), and "
+            "a forked child has the pool's bookkeeping but none of its threads, so the job never runs. "
+            f"Fix: {_hook_state('zarrs', watch)}, or safeloader.configure(zarrs_mode='serial')."
+        )
+    if any("libgomp" in lib for lib in libraries) or any(s.lower().startswith(("gomp_", "gomp")) for s in symbols):
+        return (
+            "GNU OpenMP (libgomp): the worker entered an OpenMP parallel region after the parent had run one; "
+            "libgomp's thread pool does not survive fork and the region waits forever. "
+            f"Fix: {_hook_state('openmp', watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
+            "threadpoolctl.threadpool_limits(1))."
+        )
+    if any("hdf5" in lib.lower() for lib in libraries) or any(f"{os.sep}h5py{os.sep}" in f for f in main_files):
+        return (
+            "HDF5: the worker waits in h5py/HDF5, most likely on HDF5's global lock, held by another parent "
+            "thread at the moment of the fork, or on a file handle inherited from the parent. "
+            f"Fix: {_hook_state('h5py', watch)}; do not use h5py from other threads while workers start."
+        )
+    main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
+    main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
+    in_futex = main_native is not None and "futex" in main_native.kernel_wait
+    in_lock = (
+        any("PyThread_acquire_lock" in s or "sem_wait" in s or "sem_clockwait" in s for s in main_symbols)
+        or (bool(main_files) and (main_files[0].endswith("threading.py") or _waits_on_lock(report)))
+        or (not report.native_available and in_futex)  # without native stacks, the kernel's word for it
+    )
+    if in_lock:
+        others = ", ".join(watch.parent_threads) or "none"
+        return (
+            "a lock that is never released: the worker's main thread waits to acquire a lock. A lock held by "
+            "another thread of the parent when the workers were forked stays held forever in every worker "
+            f"(that thread does not exist there). Other threads of the parent at fork: {others}. "
+            "Fix: do not hold locks while workers start, or re-create the lock in the worker "
+            "(safeloader.register_at_fork(after_in_child=...))."
+        )
+    return (
+        "unknown: no known pool or lock in the stacks. A native library's thread pool or lock inherited across "
+        "fork, or a blocking I/O call, are the usual suspects: look at the stacks below."
+    )
+
+
+def _waits_on_lock(report: StallReport) -> bool:
+    thread = report.main_thread
+    if thread is None or not thread.frames:
+        return False
+    file, line, _ = thread.frames[0]
+    try:
+        import linecache
+
+        source = linecache.getline(file, line)
+    except Exception:
+        return False
+    return ".acquire(" in source or re.search(r"\bwith\b.*lock", source, re.IGNORECASE) is not None
+
+
+def _format_python(frames: list[tuple[str, int, str]], limit: int = 10) -> list[str]:
+    lines = [f'    File "{file}", line {line}, in {func}' for file, line, func in frames[:limit]]
+    if len(frames) > limit:
+        lines.append(f"    ... {len(frames) - limit} outer frames")
+    return lines
+
+
+def _format_native(thread: NativeThread, limit: int = 12) -> list[str]:
+    lines = [f"    #{i} {symbol} ({short_library(lib)})" for i, (lib, symbol) in enumerate(thread.frames[:limit])]
+    if len(thread.frames) > limit:
+        lines.append(f"    ... {len(thread.frames) - limit} outer frames")
+    return lines
+
+
+_SYSTEM_LIBRARIES = ("libc.so", "libpthread", "ld-linux", "libpython", "libstdc++", "libgcc_s")
+
+
+def _top_named_frame(thread: NativeThread) -> str:
+    """Innermost named frame, and the innermost library that is not libc/Python (who is waiting)."""
+    named = next(((lib, sym) for lib, sym in thread.frames if not sym.startswith("?")), None)
+    text = f"{named[1]} ({short_library(named[0])})" if named else "?"
+    owner = next((lib for lib, _ in thread.frames if not any(s in lib for s in _SYSTEM_LIBRARIES)), None)
+    if owner is not None and (named is None or owner != named[0]):
+        text += f" called from {short_library(owner)}"
+    return text
+
+
+def describe(report: StallReport, full: bool = True) -> list[str]:
+    """The report as text; ``full=False``: two lines (for a second worker stuck the same way)."""
+    what = (
+        "starting (fork hooks, worker_init_fn)"
+        if report.starting
+        else (
+            "fetching its first item"
+            if report.items_done == 0
+            else f"fetching an item (after {report.items_done} done)"
+        )
+    )
+    lines = [
+        f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
+        f"while {what}; its limit was {report.limit:g} s.",
+    ]
+    stuck = report.stuck_frames()
+    if stuck:
+        where = f"  Stuck in {stuck[0][2]} ({stuck[0][0]}:{stuck[0][1]})"
+        own = next((frame for frame in stuck if not _is_library_code(frame[0])), None)
+        if own is not None and own != stuck[0]:
+            where += f", called from {own[2]} ({own[0]}:{own[1]})"
+        lines.append(where + ("; Python stack, innermost first:" if full else "."))
+        if full:
+            lines += _format_python(stuck)
+    elif not report.python_text:
+        lines.append("  No Python stack: the worker hung before safeloader could install its stack dumper.")
+    if not full:
+        return lines
+    lines.append(f"  Likely cause: {report.cause}")
+    if not report.native_available:
+        lines.append("  Native stacks unavailable (safeloader's C extension is not built).")
+    main = next((t for t in report.native_threads if t.tid == report.pid), None)
+    if main is not None and main.frames:
+        wait = main.kernel_wait or "?"
+        lines.append(f"  Native stack of the main thread {main.tid} ({main.name}, kernel wait: {wait}):")
+        lines += _format_native(main)
+    others = [t for t in report.native_threads if t is not main]
+    if others:
+        lines.append("  Other threads of the worker (tid, name, kernel wait, innermost named native frame):")
+        for thread in others:
+            if not report.native_available:
+                top = ""
+            elif thread.frames:
+                top = _top_named_frame(thread)
+            else:
+                top = "(no native stack: signals blocked or not answering)"
+            lines.append(f"    {thread.tid} {thread.name} [{thread.kernel_wait or '?'}] {top}")
+    return lines
+
+
+def details(report: StallReport) -> str:
+    """Everything collected: all Python stacks as faulthandler wrote them, all native stacks."""
+    lines = describe(report)
+    lines.append("  Python stacks of all threads (faulthandler):")
+    lines += ["    " + line for line in report.python_text.splitlines()]
+    for thread in report.native_threads:
+        wait = thread.kernel_wait or "?"
+        lines.append(f"  Native stack of thread {thread.tid} ({thread.name}, kernel wait: {wait}):")
+        lines += _format_native(thread, limit=len(thread.frames))
+    return "\n".join(lines)
+
+
+def message(reports: list[StallReport], watch: Watch) -> str:
+    lines = [f"safeloader: {len(reports)} DataLoader worker(s) stalled (stall_timeout={watch.stall_timeout:g} s)."]
+    lines += describe(reports[0])
+    for report in reports[1:]:
+        same = report.cause == reports[0].cause
+        lines += describe(report, full=not same)
+        if same:
+            lines.append("  Same likely cause.")
+    lines.append(
+        "All workers were shut down. If items legitimately take longer, pass a larger stall_timeout "
+        "(seconds; the start and first item get "
+        f"{watch.first_limit / watch.stall_timeout:g}x) or stall_timeout=None to turn the watchdog off. "
+        "Every stack collected: the error's .details."
+    )
+    return "\n".join(lines)

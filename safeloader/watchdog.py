@@ -1,0 +1,374 @@
+"""The stall watchdog: a DataLoader worker that makes no progress is named, diagnosed and stopped.
+
+Progress is measured per worker, per item, in a small shared-memory array of
+heartbeats: each worker marks itself busy when it starts fetching a batch,
+counts every item it finishes, and marks itself idle when the batch is done.
+A worker that is idle (waiting for indices while the training loop is busy)
+is never stalled; a busy worker is stalled when no item finished for
+``stall_timeout`` seconds. The worker's start and its first item get
+``FIRST_ITEM_FACTOR`` times as long (files are opened, caches warmed).
+
+The parent checks the heartbeats while it waits for data (the iterator's
+``_try_get_data`` is wrapped, torch's waiting logic runs unchanged). When a
+worker is stalled, the parent collects its Python stacks (faulthandler,
+registered on a signal in the worker) and its native stacks (the C
+extension's signal-safe backtrace, one thread at a time), shuts the workers
+down and raises ``WorkerStallError`` naming the worker, the stuck frames and
+the likely cause (see ``_stall_report``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from . import _registry, native
+from ._options import Options
+
+__all__ = ["FIRST_ITEM_FACTOR", "PYTHON_STACK_SIGNAL", "NATIVE_STACK_SIGNAL", "Watch", "WorkerStallError"]
+
+FIRST_ITEM_FACTOR = 2.0
+"""The worker's start and first item may take this many times ``stall_timeout``."""
+SLOW_START_ALLOWANCE = 60.0
+"""Extra seconds for a spawn/forkserver worker to start (it re-imports torch and the program)."""
+# Real-time signals: no library in a data pipeline uses these, and their
+# default action (terminate) only matters if a handler is missing, which the
+# parent checks before sending.
+PYTHON_STACK_SIGNAL = signal.SIGRTMIN + 2
+NATIVE_STACK_SIGNAL = signal.SIGRTMIN + 3
+
+# One slot of FIELDS doubles per worker; a double store is atomic on the
+# platforms torch supports, and the parent re-reads before acting.
+FIELDS = 4
+STATE, ITEMS, LAST, READY = range(FIELDS)
+STARTING, IDLE, BUSY = 0.0, 1.0, 2.0
+PYTHON_READY, NATIVE_READY = 1, 2
+
+
+class WorkerStallError(RuntimeError):
+    """A DataLoader worker made no progress for ``stall_timeout`` seconds.
+
+    ``worker_id`` is the first stalled worker; ``reports`` holds a
+    ``StallReport`` per stalled worker (Python and native stacks, likely cause).
+    """
+
+    def __init__(self, message: str, *, worker_id: int | None = None, reports: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)  # one positional argument, like every safeloader error
+        self.worker_id = worker_id
+        self.reports = reports
+        self.details = ""
+        """Every stack collected, all threads, Python and native."""
+
+
+class Watch:
+    """The heartbeats of one iterator's workers, shared between parent and workers.
+
+    Created in the parent before the workers start; travels to the workers
+    inside safeloader's ``worker_init_fn`` (pickled for spawn/forkserver, by
+    fork otherwise).
+    """
+
+    def __init__(
+        self, num_workers: int, stall_timeout: float, start_method: str, disabled_hooks: frozenset[str] = frozenset()
+    ) -> None:
+        self.num_workers = num_workers
+        self.disabled_hooks = disabled_hooks
+        self.stall_timeout = float(stall_timeout)
+        self.first_limit = self.stall_timeout * FIRST_ITEM_FACTOR
+        self.start_limit = self.first_limit + (0.0 if start_method == "fork" else SLOW_START_ALLOWANCE)
+        self.start_method = start_method
+        self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
+        self.directory = tempfile.mkdtemp(prefix="safeloader-watch-")
+        self.parent_pid = os.getpid()
+        me = threading.current_thread()
+        # Threads alive in the parent when the workers fork: a lock one of
+        # them holds at that moment stays held forever in every worker.
+        self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
+        now = time.monotonic()
+        for worker_id in range(num_workers):
+            self.slots[worker_id * FIELDS + LAST] = now
+        weakref.finalize(self, _remove_directory, self.directory, self.parent_pid)
+
+    # -- paths ---------------------------------------------------------------
+
+    def python_stack_path(self, worker_id: int) -> str:
+        return os.path.join(self.directory, f"worker-{worker_id}-python.txt")
+
+    def native_stack_path(self, worker_id: int) -> str:
+        return os.path.join(self.directory, f"worker-{worker_id}-native.txt")
+
+    # -- in the worker -------------------------------------------------------
+
+    def enter_worker(self, worker_id: int) -> None:
+        """In worker ``worker_id``: install the stack dumpers and the heartbeat. Idempotent."""
+        global _worker_beat
+        if _worker_beat is not None and _worker_beat.watch is self:
+            return
+        base = worker_id * FIELDS
+        python_file = open(self.python_stack_path(worker_id), "w")  # open for the worker's life
+        # faulthandler names threads by ident; the parent needs to know which is main.
+        python_file.write(f"main-thread {threading.main_thread().ident:#x}\n")
+        python_file.flush()
+        faulthandler.register(PYTHON_STACK_SIGNAL, file=python_file, all_threads=True, chain=False)
+        ready = PYTHON_READY
+        native_fd = os.open(
+            self.native_stack_path(worker_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+        )
+        if native.install_backtrace_handler(NATIVE_STACK_SIGNAL, native_fd):
+            ready |= NATIVE_READY
+        _worker_beat = _Beat(self, base, python_file, native_fd)
+        _instrument_fetchers()
+        self.slots[base + READY] = float(ready)
+
+    def worker_ready(self, worker_id: int) -> None:
+        """In the worker: its start (hooks, ``worker_init_fn``) is done; it waits for work."""
+        base = worker_id * FIELDS
+        self.slots[base + LAST] = time.monotonic()
+        self.slots[base + STATE] = IDLE
+
+    # -- in the parent -------------------------------------------------------
+
+    @property
+    def poll_interval(self) -> float:
+        return min(1.0, max(0.05, self.stall_timeout / 10))
+
+    def limit(self, state: float, items: float) -> float:
+        if state == STARTING:
+            return self.start_limit
+        return self.first_limit if items == 0 else self.stall_timeout
+
+    def stalled(self, alive: list[bool]) -> list[tuple[int, float, float, float, float]]:
+        """(worker_id, seconds without progress, limit, state, items) of each stalled worker."""
+        now = time.monotonic()
+        found = []
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
+            if state == IDLE or not alive[worker_id]:
+                continue
+            waited, limit = now - last, self.limit(state, items)
+            if waited > limit:
+                found.append((worker_id, waited, limit, state, items))
+        return found
+
+    def ready_flags(self, worker_id: int) -> int:
+        return int(self.slots[worker_id * FIELDS + READY])
+
+    def state(self, worker_id: int) -> float:
+        return self.slots[worker_id * FIELDS + STATE]
+
+
+def _remove_directory(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # never from a forked worker that inherited the object
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the worker's heartbeat ----------------------------------------------------------
+
+
+class _Beat:
+    """Heartbeat writer of this worker process."""
+
+    def __init__(self, watch: Watch, base: int, python_file: Any, native_fd: int) -> None:
+        self.watch = watch
+        self.slots = watch.slots
+        self.base = base
+        self.python_file = python_file  # kept open: faulthandler writes to it
+        self.native_fd = native_fd
+
+    def busy(self) -> None:
+        self.slots[self.base + LAST] = time.monotonic()  # time first: the parent never sees BUSY with a stale time
+        self.slots[self.base + STATE] = BUSY
+
+    def item_done(self) -> None:
+        self.slots[self.base + ITEMS] += 1
+        self.slots[self.base + LAST] = time.monotonic()
+
+    def idle(self) -> None:
+        self.slots[self.base + LAST] = time.monotonic()
+        self.slots[self.base + STATE] = IDLE
+
+
+_worker_beat: _Beat | None = None
+
+
+class _CountingMapDataset:
+    """What the worker's map-style fetcher reads through: counts each item done."""
+
+    def __init__(self, dataset: Any, beat: _Beat) -> None:
+        self._dataset = dataset
+        self._beat = beat
+        getitems = getattr(dataset, "__getitems__", None)
+        # torch's fetcher uses __getitems__ when it is truthy; keep that choice.
+        self.__getitems__ = self._getitems if getitems else None
+        self._original_getitems = getitems
+
+    def __getitem__(self, index: Any) -> Any:
+        item = self._dataset[index]
+        self._beat.item_done()
+        return item
+
+    def _getitems(self, indices: Any) -> Any:
+        items = self._original_getitems(indices)
+        self._beat.item_done()
+        return items
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+
+def _counting_iterator(iterator: Any, beat: _Beat) -> Any:
+    for item in iterator:
+        beat.item_done()
+        yield item
+
+
+def _watch_fetcher(fetcher: Any, beat: _Beat) -> Any:
+    fetch = fetcher.fetch
+
+    def watched_fetch(index: Any) -> Any:
+        beat.busy()
+        try:
+            return fetch(index)
+        finally:
+            beat.idle()
+
+    fetcher.fetch = watched_fetch
+    # Per-item progress, where the fetcher's structure is the one we know;
+    # otherwise progress is counted per batch.
+    if hasattr(fetcher, "dataset_iter"):
+        fetcher.dataset_iter = _counting_iterator(fetcher.dataset_iter, beat)
+    elif type(fetcher).__name__ == "_MapDatasetFetcher" and hasattr(fetcher, "dataset"):
+        fetcher.dataset = _CountingMapDataset(fetcher.dataset, beat)
+    return fetcher
+
+
+def _instrument_fetchers() -> None:
+    """In this worker only: every fetcher torch's worker loop creates is watched.
+
+    torch's ``_worker_loop`` builds its fetcher with
+    ``_DatasetKind.create_fetcher`` right after ``worker_init_fn`` (and again
+    per epoch with persistent workers); wrapping that factory in the worker
+    process leaves the parent and torch's loop untouched.
+    """
+    from torch.utils.data import dataloader
+
+    kind = getattr(dataloader, "_DatasetKind", None)
+    original = getattr(kind, "create_fetcher", None) if kind is not None else None
+    if original is None or getattr(original, "_safeloader_watched", False):
+        return
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        fetcher = original(*args, **kwargs)
+        beat = _worker_beat
+        return _watch_fetcher(fetcher, beat) if beat is not None else fetcher
+
+    create_fetcher._safeloader_watched = True  # type: ignore[attr-defined]
+    kind.create_fetcher = staticmethod(create_fetcher)
+
+
+def _enter_worker_at_fork() -> None:
+    # Runs first among after_in_child hooks, so a hang in a later hook or in
+    # worker_init_fn is diagnosed with stacks too.
+    context = _registry.fork_context()
+    watch = getattr(getattr(context.loader, "worker_init_fn", None), "watch", None) if context else None
+    if isinstance(watch, Watch):
+        watch.enter_worker(context.worker_id)
+
+
+HOOK = _registry.register_at_fork(
+    after_in_child=_enter_worker_at_fork, name="safeloader.watchdog", priority=1_000_000, replace=True
+)
+
+
+# -- the parent's side ---------------------------------------------------------------
+
+
+def start_watch(loader: Any, options: Options, start_method: str) -> Watch | None:
+    """A Watch for the workers ``loader`` is about to start, or None when the watchdog is off."""
+    if options.stall_timeout is None or loader.num_workers <= 0:
+        return None
+    return Watch(loader.num_workers, options.stall_timeout, start_method, options.disable_hooks)
+
+
+class _WatchedIterator:
+    """Mixin over torch's multiprocessing iterator: checks heartbeats while waiting for data."""
+
+    _safeloader_watch: Watch
+
+    def _try_get_data(self, timeout: float = 5.0) -> tuple[bool, Any]:
+        watch = self._safeloader_watch
+        remaining = timeout
+        while True:
+            step = min(remaining, watch.poll_interval)
+            success, data = super()._try_get_data(step)  # type: ignore[misc]
+            if success:
+                return success, data
+            _check(self, watch)
+            remaining -= step
+            if remaining <= 0:
+                return False, None
+
+
+_watched_classes: dict[type, type] = {}
+
+
+def attach(iterator: Any, watch: Watch) -> None:
+    """Make ``iterator`` (torch's multiprocessing iterator) check ``watch`` while it waits."""
+    cls = type(iterator)
+    if not hasattr(cls, "_try_get_data") or not hasattr(iterator, "_workers"):
+        return  # not an iterator with workers we know how to watch
+    watched = _watched_classes.get(cls)
+    if watched is None:
+        watched = type(f"Watched{cls.__name__}", (_WatchedIterator, cls), {"__module__": __name__})
+        _watched_classes[cls] = watched
+    iterator._safeloader_watch = watch
+    iterator.__class__ = watched
+
+
+def _check(iterator: Any, watch: Watch) -> None:
+    workers = iterator._workers
+    alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
+    stalled = watch.stalled(alive)
+    if not stalled:
+        return
+    from . import _stall_report
+
+    reports = []
+    for worker_id, waited, limit, state, items in stalled:
+        reports.append(
+            _stall_report.collect(watch, worker_id, workers[worker_id].pid, waited, limit, state == STARTING, items)
+        )
+    _shutdown_now(iterator, watch)
+    message = _stall_report.message(reports, watch)
+    error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
+    error.details = "\n\n".join(_stall_report.details(report) for report in reports)
+    raise error
+
+
+def _shutdown_now(iterator: Any, watch: Watch) -> None:
+    """Stop every worker: kill the ones that are busy (they may never return), then torch's shutdown.
+
+    torch's SIGCHLD handler would turn the killed workers into its own
+    "worker exited unexpectedly" error, so their pids are unregistered first.
+    """
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        if getattr(iterator, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+        for worker_id, process in enumerate(iterator._workers):
+            if worker_id < watch.num_workers and watch.state(worker_id) != IDLE and process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+                process.join(timeout=5)
+    finally:
+        iterator._shutdown_workers()

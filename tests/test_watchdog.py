@@ -1,0 +1,220 @@
+"""The stall watchdog: a worker that deadlocks makes the loader raise, naming it; slow progress is left alone.
+
+Each hang runs in a child interpreter under a deadline (tests/subproc.py), and
+the same Dataset under torch's own DataLoader is shown to hang there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import safeloader
+from safeloader.watchdog import WorkerStallError
+
+from .subproc import run_python
+
+STALL = 2.0  # seconds; the worker's first item gets 2x
+TORCH_DEADLINE = 8.0  # torch's loader would wait forever: we stop looking after this
+
+# A lock held by a parent thread at the moment of the fork: in the workers it
+# is held forever (the holder does not exist there). Item 0 and 1 (one per
+# worker) are served, so the stall hits an item after the first one.
+LOCK_SCENARIO = """
+import os, sys, threading, time
+import psutil, torch
+import safeloader
+
+LOCK = threading.Lock()
+
+class LockedDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, index):
+        if index >= 2:
+            with LOCK:
+                pass
+        return index
+
+ready, release = threading.Event(), threading.Event()
+def hold_lock():
+    with LOCK:
+        ready.set()
+        release.wait()
+holder = threading.Thread(target=hold_lock, name="lock-holder")
+holder.start()
+ready.wait()
+dataset = LockedDataset()
+"""
+
+# The user's case: the parent decodes a compressed zarr array through zarrs,
+# then forked workers read slices spanning many chunks: rayon's pool has no
+# threads in the child, the decode waits forever.
+ZARRS_SCENARIO = """
+import os, sys, tempfile, time
+import numpy as np, psutil, torch, zarr, zarrs
+import safeloader
+
+zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+path = os.path.join(tempfile.mkdtemp(), "volume.zarr")
+written = zarr.create_array(path, shape=(8, 128, 128), chunks=(1, 32, 32), dtype="float32")
+written[:] = np.arange(8 * 128 * 128, dtype="float32").reshape(8, 128, 128)
+
+class ZarrDataset(torch.utils.data.Dataset):
+    def __init__(self, path):
+        self.array = zarr.open_array(path, mode="r")
+    def __len__(self):
+        return self.array.shape[0]
+    def __getitem__(self, index):
+        return self.array[index:index + 1]
+
+dataset = ZarrDataset(path)
+dataset[0]  # the parent reads first: rayon's global pool exists from now on
+"""
+
+RUN_SAFELOADER = """
+loader = safeloader.DataLoader(dataset, num_workers=2, stall_timeout={stall}, **{extra})
+start = time.monotonic()
+try:
+    for batch in loader:
+        pass
+    print("NO ERROR")
+except safeloader.watchdog.WorkerStallError as error:
+    print("ELAPSED", time.monotonic() - start)
+    print("MESSAGE-BEGIN")
+    print(error)
+    print("MESSAGE-END")
+del loader
+leftover = [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+            and "resource_tracker" not in " ".join(p.cmdline())]
+print("LEFTOVER", leftover)
+"""
+
+RUN_TORCH = """
+loader = torch.utils.data.DataLoader(dataset, num_workers=2)
+for batch in loader:
+    print("batch", flush=True)
+print("TORCH DONE")
+"""
+
+
+def _safeloader_run(scenario: str, env: dict[str, str] | None = None, **extra: object) -> tuple[float, str, str]:
+    code = scenario + RUN_SAFELOADER.format(stall=STALL, extra=repr(extra))
+    if "release" in scenario:
+        code += "release.set(); holder.join()\n"
+    result = run_python(code, timeout=90, env=env)
+    assert not result.timed_out and result.returncode == 0, f"safeloader's run did not end cleanly:\n{result}"
+    out = result.stdout
+    assert "NO ERROR" not in out, f"the deadlock must raise WorkerStallError:\n{result}"
+    elapsed = float(out.split("ELAPSED", 1)[1].split()[0])
+    message = out.split("MESSAGE-BEGIN\n", 1)[1].split("MESSAGE-END", 1)[0]
+    leftover = out.split("LEFTOVER", 1)[1].strip()
+    return elapsed, message, leftover
+
+
+def _assert_torch_hangs(scenario: str) -> None:
+    code = scenario + RUN_TORCH + ("release.set(); holder.join()\n" if "release" in scenario else "")
+    result = run_python(code, timeout=TORCH_DEADLINE)
+    assert result.timed_out and "TORCH DONE" not in result.stdout, (
+        f"torch's DataLoader was expected to hang on this Dataset:\n{result}"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_lock_held_by_parent_thread_at_fork_raises_naming_the_frame_and_cause():
+    _assert_torch_hangs(LOCK_SCENARIO)
+    elapsed, message, leftover = _safeloader_run(LOCK_SCENARIO)
+    # The stuck item is a worker's second: limit STALL, plus stack collection.
+    assert STALL <= elapsed < STALL + 30, elapsed
+    assert "DataLoader worker" in message and "__getitem__" in message, message
+    assert "lock" in message.split("Likely cause:", 1)[1] and "lock-holder" in message, message
+    assert "Native stack of the main thread" in message and "libpython" in message, message
+    assert leftover == "[]", f"workers left running: {leftover}"
+
+
+@pytest.mark.timeout(120)
+def test_real_zarrs_hang_with_the_zarrs_backend_disabled_is_named():
+    _assert_torch_hangs(ZARRS_SCENARIO)
+    elapsed, message, leftover = _safeloader_run(ZARRS_SCENARIO, disable_hooks=["zarrs"])
+    # The first item of each worker hangs: limit 2 * STALL.
+    assert 2 * STALL <= elapsed < 2 * STALL + 30, elapsed
+    assert "__getitem__" in message, message
+    cause = message.split("Likely cause:", 1)[1]
+    assert cause.startswith(" zarrs/rayon") and "disable_hooks" in cause, message
+    assert "zarrs/_internal" in message, message  # a native frame in zarrs' Rust library
+    assert leftover == "[]", f"workers left running: {leftover}"
+
+
+@pytest.mark.timeout(120)
+def test_without_the_extension_the_python_stacks_are_still_given():
+    _, message, leftover = _safeloader_run(LOCK_SCENARIO, env={"SAFELOADER_DISABLE_NATIVE": "1"})
+    assert "__getitem__" in message and "Likely cause: a lock" in message, message
+    assert "Native stacks unavailable" in message, message
+    assert leftover == "[]"
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """Each item takes 0.35 s: a batch of 8 takes longer than the stall limit, every item progresses."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.35)
+        return index
+
+
+class SlowStream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for index in range(info.id, 24, info.num_workers):
+            time.sleep(0.35)
+            yield index
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dataset", [SlowDataset(), SlowStream()], ids=["map", "iterable"])
+def test_slow_but_progressing_items_and_idle_workers_are_not_stopped(dataset):
+    loader = safeloader.DataLoader(dataset, batch_size=8, num_workers=2, stall_timeout=1.0)
+    got = []
+    for batch in loader:
+        got += batch.tolist()
+        time.sleep(1.5)  # the training step outlasts stall_timeout: idle workers are not stalled
+    expected = list(range(len(got)))
+    assert sorted(got) == expected and len(got) == (32 if isinstance(dataset, SlowDataset) else 24)
+
+
+@pytest.mark.timeout(60)
+def test_stall_error_in_process_is_raised_and_workers_are_gone():
+    # In the test process itself, so the autouse fixture checks for orphans.
+    lock = threading.Lock()
+
+    class Stuck(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> int:
+            with lock:
+                return index
+
+    lock.acquire()
+    try:
+        loader = safeloader.DataLoader(Stuck(), num_workers=2, stall_timeout=1.0)
+        with pytest.raises(WorkerStallError) as caught:
+            next(iter(loader))
+    finally:
+        lock.release()
+    assert caught.value.worker_id in (0, 1)
+    assert caught.value.reports and "__getitem__" in str(caught.value)
+    assert "Python stacks of all threads" in caught.value.details
+
+
+def test_stall_timeout_none_turns_the_watchdog_off():
+    loader = safeloader.DataLoader(SlowDataset(), batch_size=4, num_workers=1, stall_timeout=None)
+    iterator = iter(loader)
+    assert not hasattr(iterator, "_safeloader_watch")
+    assert next(iterator).tolist() == [0, 1, 2, 3]
+    del iterator
