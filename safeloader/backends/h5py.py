@@ -147,30 +147,29 @@ def reduce_file(f: Any) -> tuple[Any, ...]:
     if not f.id.valid:
         raise TypeError(f"cannot pickle a closed h5py.File for a DataLoader worker, got {f!r}")
     name = f.filename
-    if f.mode != "r":
-        raise TypeError(
-            f"HDF5 file {name!r} is open for writing (mode {f.mode!r}): safeloader reopens only read-only "
-            "files in spawn/forkserver workers. Open it with h5py.File(path, 'r') in the Dataset"
-        )
     driver = f.driver
     fapl = f.id.get_access_plist()
     options: dict[str, Any] = {}
     if driver == "core":
         block_size, backing_store = fapl.get_fapl_core()
+        if not backing_store or not os.path.exists(name):
+            raise TypeError(
+                f"the in-memory HDF5 file {name!r} cannot be reopened in a spawn/forkserver worker (it has no "
+                "file to reopen): write it to disk and open it with h5py.File(path, 'r'), or use fork workers"
+            )
         options.update(block_size=block_size, backing_store=backing_store)
     elif driver not in ("sec2", "stdio", "direct"):
         raise TypeError(
             f"HDF5 file {name!r} is open on the {driver!r} driver, which safeloader cannot reopen in a "
-            "spawn/forkserver worker (in-memory files and files on Python file objects have no path to reopen): "
+            "spawn/forkserver worker (files on Python file objects have no path to reopen): "
             "open it by path, h5py.File(path, 'r'), or use fork workers"
         )
-    try:
-        identity = _reopen.FileIdentity.of_path(name)
-    except OSError as exc:
+    if f.mode != "r":
         raise TypeError(
-            f"HDF5 file {name!r} cannot be reopened in a spawn/forkserver worker ({exc.strerror}); "
-            "in-memory HDF5 files have no path to reopen: use fork workers, or write the file to disk"
-        ) from exc
+            f"HDF5 file {name!r} is open for writing (mode {f.mode!r}): safeloader reopens only read-only "
+            "files in spawn/forkserver workers. Open it with h5py.File(path, 'r') in the Dataset"
+        )
+    identity = _file_identity(f, driver)
     _, rdcc_nslots, rdcc_nbytes, rdcc_w0 = fapl.get_cache()
     options.update(
         driver=None if driver == "sec2" else driver,
@@ -189,12 +188,22 @@ def reduce_file(f: Any) -> tuple[Any, ...]:
     return reopen_file, (name, tuple(sorted(options.items())), identity)
 
 
+def _file_identity(f: Any, driver: str) -> _reopen.FileIdentity | None:
+    """The open file's identity; None if unknown (a file moved since: the worker's reopen fails)."""
+    try:
+        if driver in ("sec2", "direct"):
+            return _reopen.FileIdentity.of_fd(f.id.get_vfd_handle())
+        return _reopen.FileIdentity.of_path(f.filename)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 # One reopened File per (path, parameters) in a worker: a Dataset's File, and
 # the File behind each of its Dataset objects, are the same handle again.
 _reopened: dict[tuple[Any, ...], Any] = {}
 
 
-def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reopen.FileIdentity) -> Any:
+def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reopen.FileIdentity | None) -> Any:
     """In a spawn/forkserver worker: the ``h5py.File`` the parent pickled, opened read-only."""
     key = (name, options, identity)
     if key in _reopened:
@@ -203,7 +212,9 @@ def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reop
     def opener() -> Any:
         import h5py
 
-        identity.check(name, _reopen.FileIdentity.of_path(name))
+        found = _reopen.FileIdentity.of_path(name)  # FileNotFoundError if deleted or moved
+        if identity is not None:
+            identity.check(name, found)
         return h5py.File(name, "r", **dict(options))
 
     _reopened[key] = handle = _reopen.reopen_or_unavailable("HDF5 file", name, opener)
