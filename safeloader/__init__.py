@@ -43,6 +43,8 @@ _LAZY = {
     "install": ("._install", "install"),
     "uninstall": ("._install", "uninstall"),
     "installed": ("._install", "installed"),
+    "doctor": (".doctor", "doctor"),
+    "WorkerStallError": (".watchdog", "WorkerStallError"),
 }
 
 
@@ -72,8 +74,10 @@ __all__ = [
     "Options",
     "RegistrationError",
     "SafeDataLoader",
+    "WorkerStallError",
     "configure",
     "disable",
+    "doctor",
     "enable",
     "fork_context",
     "get_options",

@@ -18,7 +18,7 @@ from safeloader.watchdog import WorkerStallError
 from .subproc import run_python
 
 STALL = 2.0  # seconds; the worker's first item gets 2x
-TORCH_DEADLINE = 8.0  # torch's loader would wait forever: we stop looking after this
+TORCH_DEADLINE = 6.0  # torch's loader would wait forever: we stop looking after this
 
 # A lock held by a parent thread at the moment of the fork: in the workers it
 # is held forever (the holder does not exist there). Item 0 and 1 (one per

@@ -1,0 +1,43 @@
+"""Command line: ``python -m safeloader demo`` or ``python -m safeloader doctor [--json] [--import pkg ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m safeloader`` and the ``safeloader`` console script."""
+    parser = argparse.ArgumentParser(prog="safeloader", description="Fork-safe DataLoader workers for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="torch's DataLoader and safeloader's side by side on zarr (zarrs), HDF5 and npz data"
+    )
+    demo.add_argument("--torch-deadline", type=float, default=None, help="seconds before torch's run counts as hung")
+    demo.add_argument("--keep", action="store_true", help="keep the generated data directory")
+    doctor = commands.add_parser("doctor", help="what is live and unsafe at fork here, and what safeloader will do")
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+    doctor.add_argument(
+        "--import", dest="imports", nargs="+", default=[], metavar="PKG", help="import these modules first"
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from . import demo as demo_module
+
+        demo_argv = ["--keep"] if args.keep else []
+        if args.torch_deadline is not None:
+            demo_argv += ["--torch-deadline", str(args.torch_deadline)]
+        return demo_module.main(demo_argv)
+    from .doctor import doctor as run_doctor
+
+    try:
+        run_doctor(imports=args.imports, json=args.json)
+    except ImportError as error:
+        print(f"safeloader doctor: --import must name importable modules, got {error.name!r}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
