@@ -26,8 +26,10 @@ class Options:
     """Freeze the parent's GC-tracked objects around worker forks, so that the
     workers' garbage collections do not copy their pages (measured: a worker's
     full collection over 2M records copied 243 MiB without, 0 with; O(1) cost)."""
-    stall_timeout: float | None = 300.0
-    """Seconds a worker may go without progress before the loader raises; None: off."""
+    stall_timeout: float | None = 60.0
+    """Seconds a busy worker may go without finishing an item before the loader raises; None: off.
+    Progress is counted per item and idle workers never stall, so this bounds one item's fetch;
+    a worker's start and first item get twice as long (``watchdog.FIRST_ITEM_FACTOR``)."""
     disable_hooks: frozenset[str] = frozenset()
     """Names of hooks (built-in backends included) not to run."""
 
