@@ -64,15 +64,38 @@ def status() -> str:
 
 @dataclass(frozen=True)
 class _Plan:
-    """Decided in the parent before a fork; the worker inherits it."""
+    """Decided in the parent before a fork; the worker inherits it and only applies it."""
 
-    budget: int
-    gomp_pinned: frozenset[str]
-    """Real paths of libgomp copies the parent used: 1 thread in the worker."""
-    torch_lib_dir: str | None
+    limits: tuple[tuple[Any, int], ...]
+    """(threadpoolctl library controller, threads) for each pool."""
+    torch_threads: int
+    torch_pinned: bool
+    """torch's OpenMP runtime was used by the parent: more than 1 thread would hang."""
 
 
 _plan: _Plan | None = None
+_controller: tuple[tuple[str, ...], Any] | None = None  # (loaded libraries, ThreadpoolController)
+
+
+def _pools(libraries: tuple[str, ...]) -> Any:
+    """threadpoolctl's controller, built once per set of loaded libraries.
+
+    Built in the parent and inherited: its ctypes handles stay valid in the
+    child, which then only calls the set-threads functions (a worker pays
+    microseconds instead of a library scan).
+    """
+    global _controller
+    if _controller is None or _controller[0] != libraries:
+        import threadpoolctl
+
+        _controller = (libraries, threadpoolctl.ThreadpoolController())
+    return _controller[1]
+
+
+def _torch_dir() -> str | None:
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    return os.path.realpath(os.path.dirname(path)) + os.sep if path else None
 
 
 def _before() -> None:
@@ -80,12 +103,24 @@ def _before() -> None:
     context = fork_context()
     if context is None:
         return
-    import threadpoolctl  # noqa: F401  # once, in the parent, so that workers need not import it
-
     budget = context.options.thread_budget or default_budget(context.num_workers)
-    torch = sys.modules.get("torch")
-    torch_dir = os.path.realpath(os.path.dirname(torch.__file__)) if getattr(torch, "__file__", None) else None
-    _plan = _Plan(budget, frozenset(forkstate.record().gomp_unsafe), torch_dir)
+    state = forkstate.record()
+    pinned_paths = frozenset(state.gomp_unsafe)
+    torch_dir = _torch_dir()
+    limits = []
+    torch_has_openmp = torch_pinned = False
+    for library in _pools(state.libraries).lib_controllers:
+        path = os.path.realpath(library.filepath)
+        pinned = library.user_api == "openmp" and path in pinned_paths
+        limits.append((library, 1 if pinned else budget))
+        if library.user_api == "openmp" and torch_dir and path.startswith(torch_dir):
+            torch_has_openmp = True  # the runtime bundled in torch's wheel
+            torch_pinned = torch_pinned or pinned
+    if not torch_has_openmp and pinned_paths:
+        # torch uses a shared OpenMP runtime (conda, system libgomp), or we
+        # cannot tell which: any pinned runtime pins torch too.
+        torch_pinned = True
+    _plan = _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
 
 
 def _after_in_child() -> None:
@@ -93,22 +128,9 @@ def _after_in_child() -> None:
     plan, _plan = _plan, None
     if plan is None:
         return
-    import threadpoolctl
-
-    torch_pinned = torch_has_openmp = False
-    for library in threadpoolctl.ThreadpoolController().lib_controllers:
-        path = os.path.realpath(library.filepath)
-        pinned = library.user_api == "openmp" and path in plan.gomp_pinned
-        library.set_num_threads(1 if pinned else plan.budget)
-        if library.user_api == "openmp" and plan.torch_lib_dir and path.startswith(plan.torch_lib_dir + os.sep):
-            torch_has_openmp = True  # the runtime bundled in torch's wheel
-            torch_pinned = torch_pinned or pinned
-    if plan.torch_lib_dir is not None:
-        if not torch_has_openmp and plan.gomp_pinned:
-            # torch uses a shared OpenMP runtime (conda, system libgomp): we
-            # cannot tell which, so any pinned runtime pins torch too.
-            torch_pinned = True
-        _guard_torch_threads(1 if torch_pinned else plan.budget, torch_pinned)
+    for library, threads in plan.limits:
+        library.set_num_threads(threads)
+    _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
 
 class _TorchSetNumThreads:
