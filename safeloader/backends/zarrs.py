@@ -1,0 +1,199 @@
+"""Built-in backend for zarrs (zarrs-python): forked DataLoader workers decode without hanging.
+
+zarrs decodes on rayon's global thread pool, created as soon as an array is
+opened with the zarrs pipeline. A forked worker inherits the pool without its
+threads, so its first multi-chunk decode waits forever. Per loader
+(``zarrs_mode=``) or globally (``safeloader.configure(zarrs_mode=...)``):
+
+- ``"pool"`` (default): each worker loads a private copy of zarrs' extension
+  module, with a fresh rayon pool of ``thread_budget`` threads (default: cores
+  // num_workers); full parallel Rust decoding.
+- ``"serial"``: the Rust codec on the calling thread, one thread per worker.
+- ``"python"``: zarr-python's own codec pipeline (slower, no Rust).
+
+If a mode cannot be set up (zarr/zarrs versions outside ``SUPPORTED_VERSIONS``,
+or internals that differ), the backend falls back pool -> serial -> python
+with one ``ZarrsFallbackWarning`` per process, decided in the parent before
+the first fork. Arrays opened before the fork (in the Dataset) and inside the
+worker both work: see ``zarrs_pipelines``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+from .._options import ZARRS_MODES
+from .._registry import fork_context, register_at_fork
+from . import zarrs_layout, zarrs_native, zarrs_pipelines
+from .zarrs_layout import SUPPORTED_VERSIONS
+from .zarrs_pipelines import ZarrsStoreError, worker_mode
+
+NAME = "zarrs"
+PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+
+__all__ = ["NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "register", "worker_mode"]
+
+
+class ZarrsFallbackWarning(RuntimeWarning):
+    """The requested zarrs mode cannot be set up; workers use a slower one."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the worker about to be forked does; decided in the parent, inherited by the child."""
+
+    mode: str
+    threads: int  # rayon threads of the worker's own pool ("pool" mode)
+    copy_fd: int | None  # memfd with the extension module to load ("pool" mode)
+
+
+_plan: Plan | None = None
+_copy_fd: int | None = None  # this process's memfd copy of zarrs' extension, made once
+_source: str | None = None  # the extension's file, kept for workers whose own module is a copy
+_resolved: dict[str, str] = {}  # requested mode -> mode in force (checks run once per process)
+
+
+def register() -> None:
+    register_at_fork(
+        before=_before,
+        after_in_parent=_after_in_parent,
+        after_in_child=_after_in_child,
+        name=NAME,
+        requires=("zarrs",),
+    )
+
+
+def resolve_mode(requested: str) -> str:
+    """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
+
+    Warns once per process on a fallback; raises if no mode can be set up.
+    """
+    if requested in _resolved:
+        return _resolved[requested]
+    if requested not in ZARRS_MODES:
+        raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {requested!r}")
+    problems = []
+    for mode in ZARRS_MODES[ZARRS_MODES.index(requested) :]:
+        problem = zarrs_layout.MODE_PROBLEMS[mode]()
+        if problem is None and mode == "pool":
+            problem = _ensure_copy()
+        if problem is None:
+            break
+        problems.append(f"zarrs_mode={mode!r} needs: {problem}")
+    else:
+        raise RuntimeError(
+            "safeloader cannot make zarrs safe in forked DataLoader workers: "
+            + "; ".join(problems)
+            + ". Use multiprocessing_context='spawn' or num_workers=0."
+        )
+    if problems:
+        warnings.warn(
+            f"safeloader: DataLoader workers decode zarrs arrays with zarrs_mode={mode!r} instead of "
+            f"{requested!r}: " + "; ".join(problems) + f". Supported: {_supported_text()}.",
+            ZarrsFallbackWarning,
+            stacklevel=2,
+        )
+    _resolved[requested] = mode
+    return mode
+
+
+def thread_budget(num_workers: int, budget: int | None) -> int:
+    """rayon threads per worker: ``budget``, or the cores shared out among the workers."""
+    if budget is not None:
+        return budget
+    return max(1, len(os.sched_getaffinity(0)) // max(1, num_workers))
+
+
+def _supported_text() -> str:
+    dotted = zarrs_layout.dotted
+    return ", ".join(f"{lib}>={dotted(low)},<{dotted(high)}" for lib, (low, high) in SUPPORTED_VERSIONS.items())
+
+
+def _ensure_copy() -> str | None:
+    """Make this process's memfd copy of the extension once; why it failed, or None."""
+    global _copy_fd, _source
+    if _copy_fd is not None:
+        return None
+    if _source is None:
+        _source = sys.modules[zarrs_native.INTERNAL].__file__
+    try:
+        _copy_fd = zarrs_native.make_copy(_source)
+    except OSError as exc:
+        return f"a copy of {_source} in memory, got {type(exc).__name__}: {exc}"
+    return None
+
+
+def _before() -> None:
+    global _plan
+    context = fork_context()
+    if context is None:  # only armed worker forks run this hook
+        return
+    mode = resolve_mode(context.options.zarrs_mode)
+    threads = thread_budget(context.num_workers, context.options.thread_budget)
+    _plan = Plan(mode, threads, _copy_fd if mode == "pool" else None)
+
+
+def _after_in_parent() -> None:
+    global _plan
+    _plan = None
+
+
+def _after_in_child() -> None:
+    global _plan, _copy_fd
+    plan, _plan = _plan, None
+    inherited_fd, _copy_fd = _copy_fd, None  # a loader inside this worker makes its own copy...
+    _resolved.clear()  # ...and checks its own module layout
+    if plan is None:
+        return
+    mode = plan.mode
+    try:
+        if mode == "pool":
+            mode = _load_private_pool(plan)
+    finally:
+        if inherited_fd is not None:
+            os.close(inherited_fd)
+    if mode == "serial":
+        _configure_serial()
+    elif mode == "python":
+        _configure_python()
+    zarrs_pipelines.activate(mode)
+
+
+def _load_private_pool(plan: Plan) -> str:
+    """Load and install the worker's own copy of the extension; "serial" (with a warning) if that fails."""
+    assert plan.copy_fd is not None
+    # rayon sizes its global pool from this when the copy first uses it.
+    os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
+    old = sys.modules[zarrs_native.INTERNAL]
+    try:
+        new = zarrs_native.load_copy(plan.copy_fd)
+    except Exception as exc:  # nothing was changed yet: serial mode on the inherited module is safe
+        warnings.warn(
+            f"safeloader: DataLoader worker (pid {os.getpid()}) could not load a private copy of zarrs' "
+            f"extension ({type(exc).__name__}: {exc}); it decodes with zarrs_mode='serial'.",
+            ZarrsFallbackWarning,
+            stacklevel=2,
+        )
+        return "serial"
+    new.__file__ = _source  # same bytes; the memfd path dies with its descriptor
+    zarrs_native.install_copy(old, new)
+    return "pool"
+
+
+def _configure_serial() -> None:
+    from zarr.core.config import config
+
+    # Both are needed: one chunk at a time, and no inner (codec) parallelism.
+    config.set({"codec_pipeline.chunk_concurrent_minimum": 1, "threading.max_workers": 1})
+
+
+def _configure_python() -> None:
+    from zarr.core.config import config
+    from zarr.registry import get_pipeline_class
+
+    zarrs_pipeline = sys.modules["zarrs.pipeline"].ZarrsCodecPipeline
+    if issubclass(get_pipeline_class(), zarrs_pipeline):  # arrays opened in the worker skip zarrs too
+        config.set({"codec_pipeline.path": PYTHON_PIPELINE})

@@ -1,0 +1,76 @@
+"""A private copy of zarrs' native extension for each forked worker.
+
+zarrs decodes on rayon's *global* thread pool, a static inside
+``zarrs/_internal.abi3.so``. A forked worker inherits that pool's bookkeeping
+but none of its threads, and rayon offers no way to reset it. The dynamic
+loader maps a file once per process (it matches device and inode), so the
+worker loads a different file with the same bytes: its statics, rayon pool
+and tokio runtime included, start empty.
+
+The parent fills one memfd with the library once (page cache, shared by all
+workers); each worker loads it, points zarrs' ``from ._internal import X``
+bindings at the new module and closes its descriptor.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+INTERNAL = "zarrs._internal"
+
+
+def make_copy(source: str) -> int:
+    """A close-on-exec memfd holding the bytes of ``source``; the caller owns it."""
+    fd = os.memfd_create("safeloader-zarrs-internal", os.MFD_CLOEXEC)
+    try:
+        with open(source, "rb") as library:
+            size = os.fstat(library.fileno()).st_size
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(fd, library.fileno(), offset, size - offset)
+                if sent == 0:
+                    raise OSError(f"copying {source} stopped at byte {offset} of {size}")
+                offset += sent
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def load_copy(fd: int) -> ModuleType:
+    """Load the extension in memfd ``fd`` as a new ``zarrs._internal`` (not yet installed)."""
+    path = f"/proc/self/fd/{fd}"
+    loader = importlib.machinery.ExtensionFileLoader(INTERNAL, path)
+    spec = importlib.util.spec_from_file_location(INTERNAL, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot make a module spec for {path}")
+    module = importlib.util.module_from_spec(spec)  # dlopen + the module's init function
+    loader.exec_module(module)
+    return module
+
+
+def install_copy(old: ModuleType, new: ModuleType) -> list[str]:
+    """Point every ``zarrs.*`` global bound to an object of ``old`` at ``new``'s; returns them.
+
+    Mixing the two fails loudly ("'ChunkItem' object cannot be cast as
+    'ChunkItem'"), so every binding must move.
+    """
+    exported = {id(value): name for name, value in vars(old).items() if not name.startswith("__")}
+    rebound = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module is old or not (module_name == "zarrs" or module_name.startswith("zarrs.")):
+            continue
+        for attribute, value in list(vars(module).items()):
+            name = exported.get(id(value))
+            if name is not None and getattr(old, name) is value:
+                setattr(module, attribute, getattr(new, name))
+                rebound.append(f"{module_name}.{attribute}")
+    sys.modules[INTERNAL] = new
+    package = sys.modules.get("zarrs")
+    if package is not None:
+        package._internal = new  # type: ignore[attr-defined]
+    return rebound
