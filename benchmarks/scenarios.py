@@ -1,0 +1,340 @@
+"""The suite's scenarios: data, Datasets and the contenders users choose between.
+
+Each scenario maps contender names to a *setup* function ``setup(params) ->
+measure``; the runner calls setup once in a fresh child process (so a parent
+state such as "zarrs already decoded here" is real) and then ``measure()``
+once per round. ``measure`` returns ``{"seconds": float, "ok": bool}`` (plus
+scenario-specific figures), or raises: an exception is recorded as a failure,
+a timeout as a hang.
+
+Datasets open their file in ``__init__``, as users write them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset, get_worker_info
+
+import safeloader
+
+Measure = Callable[[], dict]
+PRELOAD = ["torch", "torch.utils.data", "numpy", "benchmarks.scenarios"]
+ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
+PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+
+
+# -- data ----------------------------------------------------------------------
+
+
+def sizes(quick: bool) -> dict[str, int]:
+    return {
+        "zarr_rows": 1024 if quick else 2048,  # x 1024 float32 columns: 4 or 8 MB raw per 1024 rows
+        "file_items": 1000 if quick else 3000,
+        "blas_items": 64 if quick else 192,
+        "objects": 1_000_000 if quick else 3_000_000,
+    }
+
+
+def make_data(directory: Path, quick: bool) -> dict[str, Any]:
+    """Write every scenario's files once; returns the params children get."""
+    import h5py
+    import zarr
+    import zarrs  # noqa: F401
+    from zarr.codecs import BloscCodec
+
+    n = sizes(quick)
+    rng = np.random.default_rng(0)
+    # Smooth data compresses like real images do, so decoding dominates the read.
+    rows = n["zarr_rows"]
+    base = np.cumsum(rng.normal(size=(rows, 1024)).astype(np.float32), axis=1)
+    with zarr.config.set({"codec_pipeline.path": ZARRS_PIPELINE}):
+        array = zarr.create_array(directory / "data.zarr", shape=base.shape, chunks=(32, 256), dtype="f4",
+                                  compressors=BloscCodec(cname="zstd", clevel=5), overwrite=True)
+        array[:] = base
+    records = rng.integers(0, 256, (n["file_items"], 512), dtype=np.uint8)
+    with h5py.File(directory / "data.h5", "w") as f:
+        f.create_dataset("x", data=records, chunks=(8, 512), compression="gzip")
+    np.savez(directory / "data.npz", **{f"m{i}": records[i] for i in range(n["file_items"])})
+    return {
+        "dir": str(directory),
+        "zarr": str(directory / "data.zarr"),
+        "zarr_checksum": float(base.sum(dtype=np.float64)),
+        "h5": str(directory / "data.h5"),
+        "npz": str(directory / "data.npz"),
+        "file_checksum": int(records.sum(dtype=np.int64)),
+        **n,
+    }
+
+
+# -- loaders -------------------------------------------------------------------
+
+
+def loader_kinds() -> dict[str, Callable[..., Any]]:
+    """How each contender builds its loader from (dataset, **kwargs)."""
+    import multiprocessing
+
+    def with_context(method: str, preload: bool = False):
+        def build(dataset, **kwargs):
+            context = multiprocessing.get_context(method)
+            if preload:
+                context.set_forkserver_preload(PRELOAD)
+            return TorchDataLoader(dataset, multiprocessing_context=context, **kwargs)
+
+        return build
+
+    return {
+        "torch fork": TorchDataLoader,
+        "spawn": with_context("spawn"),
+        "forkserver": with_context("forkserver"),
+        "forkserver+preload": with_context("forkserver", preload=True),
+        "num_workers=0": lambda dataset, **kwargs: TorchDataLoader(dataset, **{**kwargs, "num_workers": 0}),
+        "safeloader": safeloader.DataLoader,
+    }
+
+
+def epoch(build: Callable[..., Any], dataset: Dataset, checksum: float | None, **kwargs) -> dict:
+    start = time.perf_counter()
+    total = 0.0
+    for batch in build(dataset, **kwargs):
+        total += float(batch.sum(dtype=torch.float64))
+    seconds = time.perf_counter() - start
+    ok = checksum is None or abs(total - checksum) <= 1e-6 * max(1.0, abs(checksum))
+    return {"seconds": seconds, "ok": ok}
+
+
+# -- start-up ------------------------------------------------------------------
+
+
+class Trivial(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor(index)
+
+
+def startup(kind: str, workers: int) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        build = loader_kinds()[kind]
+
+        def measure() -> dict:
+            start = time.perf_counter()
+            iterator = iter(build(Trivial(), batch_size=8, num_workers=workers))
+            ok = next(iterator).tolist() == list(range(8))
+            seconds = time.perf_counter() - start
+            del iterator
+            return {"seconds": seconds, "ok": ok}
+
+        return measure
+
+    return setup
+
+
+# -- zarr through zarrs ----------------------------------------------------------
+
+
+class ZarrRows(Dataset):
+    """Blocks of 32 rows (one chunk row, 4 chunks) of an array opened in __init__."""
+
+    def __init__(self, path: str, pipeline: str = ZARRS_PIPELINE) -> None:
+        import zarr
+
+        with zarr.config.set({"codec_pipeline.path": pipeline}):
+            self.array = zarr.open_array(path, mode="r")
+
+    def __len__(self) -> int:
+        return self.array.shape[0] // 32
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(self.array[index * 32:(index + 1) * 32])
+
+
+def zarr_contender(kind: str, parent_reads: bool = True, pipeline: str = ZARRS_PIPELINE) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        dataset = ZarrRows(params["zarr"], pipeline)
+        if parent_reads:
+            dataset.array[0:64]  # a sanity read in the parent: arms the zarrs deadlock
+        build = loader_kinds()[kind]
+        return lambda: epoch(build, dataset, params["zarr_checksum"], batch_size=4, num_workers=2)
+
+    return setup
+
+
+# -- HDF5 and npz --------------------------------------------------------------
+
+
+class Records(Dataset):
+    """Record i of an HDF5 dataset or an npz archive, opened once in __init__ (the natural code)."""
+
+    def __init__(self, fmt: str, path: str, count: int) -> None:
+        self.fmt, self.path, self.count = fmt, path, count
+        self.handle = self.open()
+        self[0]  # the parent reads first
+
+    def open(self):
+        if self.fmt == "h5":
+            import h5py
+
+            return h5py.File(self.path, "r")
+        return np.load(self.path)
+
+    def read(self, handle, index: int) -> np.ndarray:
+        return handle["x"][index] if self.fmt == "h5" else handle[f"m{index}"]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.read(self.handle, index)))
+
+
+class OpenPerItem(Records):
+    """Workaround 1: open the file in every __getitem__."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        handle = self.open()
+        try:
+            return torch.from_numpy(np.asarray(self.read(handle, index)))
+        finally:
+            handle.close()
+
+
+class LazyPerWorker(Records):
+    """Workaround 2: open lazily, once per worker (the seed document's fix)."""
+
+    def __init__(self, fmt: str, path: str, count: int) -> None:
+        self.pid = None
+        super().__init__(fmt, path, count)
+        self.handle.close()  # only the parent's first read used it
+        self.handle, self.pid = None, None
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.pid != os.getpid():
+            self.handle, self.pid = self.open(), os.getpid()
+        return torch.from_numpy(np.asarray(self.read(self.handle, index)))
+
+
+def file_contender(fmt: str, kind: str, dataset_class: type = Records) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        dataset = dataset_class(fmt, params[fmt], params["file_items"])
+        build = loader_kinds()[kind]
+        generator = torch.Generator().manual_seed(0)
+        return lambda: epoch(build, dataset, params["file_checksum"], batch_size=16, num_workers=2, shuffle=True,
+                             generator=generator)
+
+    return setup
+
+
+# -- BLAS in __getitem__ ---------------------------------------------------------
+
+
+class Matmul(Dataset):
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.matrix = np.random.default_rng(1).standard_normal((384, 384))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        product = self.matrix
+        for _ in range(4):
+            product = product @ self.matrix / 20.0
+        return torch.tensor(float(np.abs(product).sum()))
+
+
+def blas_contender(kind: str) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        dataset = Matmul(params["blas_items"])
+        build = loader_kinds()[kind]
+        return lambda: epoch(build, dataset, None, batch_size=4, num_workers=2)
+
+    return setup
+
+
+# -- worker memory ----------------------------------------------------------------
+
+
+class ManyObjects(Dataset):
+    """Millions of small Python objects: forked workers copy the pages GC touches."""
+
+    def __init__(self, count: int) -> None:
+        self.items = [{"id": i, "label": str(i % 1000), "box": [i, i + 1.0]} for i in range(count)]
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        # Touch a stride of objects, as a real __getitem__ touches its records,
+        # and allocate, so that the worker's garbage collector runs.
+        scratch = [[j] for j in range(200)]
+        item = self.items[(index * 7919) % len(self.items)]
+        return torch.tensor(item["id"] + len(scratch))
+
+
+def memory_contender(kind: str, **loader_kwargs: Any) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        import psutil
+
+        dataset = ManyObjects(params["objects"])
+        build = loader_kinds()[kind]
+
+        def measure() -> dict:
+            start = time.perf_counter()
+            loader = build(dataset, batch_size=8, num_workers=2, persistent_workers=True, **loader_kwargs)
+            for _ in loader:
+                pass
+            workers = psutil.Process().children()
+            uss = [w.memory_full_info().uss for w in workers if "resource_tracker" not in " ".join(w.cmdline())
+                   and "forkserver" not in " ".join(w.cmdline())]
+            seconds = time.perf_counter() - start
+            del loader
+            return {"seconds": seconds, "ok": True, "worker_uss_mb": sum(uss) / len(uss) / 2**20 if uss else None}
+
+        return measure
+
+    return setup
+
+
+# -- the table of scenarios -----------------------------------------------------------
+
+SLOW_STARTS = ("spawn", "forkserver", "forkserver+preload")
+
+
+def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
+    """scenario -> contender -> setup. Every scenario has a "safeloader" contender (the ratio base)."""
+    table: dict[str, dict[str, Callable[[dict], Measure]]] = {}
+    for workers in (1, 2, 4):
+        table[f"first batch, {workers} worker{'s' if workers > 1 else ''}"] = {
+            kind: startup(kind, workers) for kind in loader_kinds() if kind != "num_workers=0"
+        }
+    table["zarr via zarrs, parent read first"] = {
+        "torch fork": zarr_contender("torch fork"),
+        "torch fork, parent did not read": zarr_contender("torch fork", parent_reads=False),
+        **{kind: zarr_contender(kind) for kind in (*SLOW_STARTS, "num_workers=0")},
+        "zarr-python pipeline, fork": zarr_contender("torch fork", pipeline=PYTHON_PIPELINE),
+        "safeloader": zarr_contender("safeloader"),
+    }
+    for fmt, label in (("h5", "HDF5"), ("npz", "npz")):
+        table[f"{label} opened in __init__"] = {
+            **{kind: file_contender(fmt, kind) for kind in ("torch fork", *SLOW_STARTS, "num_workers=0")},
+            "open per item, fork": file_contender(fmt, "torch fork", OpenPerItem),
+            "lazy per worker, fork": file_contender(fmt, "torch fork", LazyPerWorker),
+            "safeloader": file_contender(fmt, "safeloader"),
+        }
+    table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
+    table["worker memory, many objects"] = {
+        "torch fork": memory_contender("torch fork"),
+        "spawn": memory_contender("spawn"),
+        "safeloader, freeze_gc=False": memory_contender("safeloader", freeze_gc=False),
+        "safeloader": memory_contender("safeloader"),
+    }
+    return table
