@@ -287,9 +287,10 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
             "Fix: do not hold locks while workers start, or re-create the lock in the worker "
             "(safeloader.register_at_fork(after_in_child=...))."
         )
+    kernel = f" The main thread waits in the kernel in {main_native.kernel_wait}." if main_native else ""
     return (
         "unknown: no known pool or lock in the stacks. A native library's thread pool or lock inherited across "
-        "fork, or a blocking I/O call, are the usual suspects: look at the stacks below."
+        f"fork, or a blocking I/O call, are the usual suspects: look at the stacks below.{kernel}"
     )
 
 

@@ -88,6 +88,7 @@ class Watch:
         self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
         self.directory = tempfile.mkdtemp(prefix="safeloader-watch-")
         self.parent_pid = os.getpid()
+        self.next_check = 0.0  # parent only: when the next heartbeat check is due
         me = threading.current_thread()
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
@@ -311,6 +312,9 @@ class _WatchedIterator:
             step = min(remaining, watch.poll_interval)
             success, data = super()._try_get_data(step)  # type: ignore[misc]
             if success:
+                # Data from healthy workers must not hide a stuck one: check now and then anyway.
+                if time.monotonic() >= watch.next_check:
+                    _check(self, watch)
                 return success, data
             _check(self, watch)
             remaining -= step
@@ -335,6 +339,7 @@ def attach(iterator: Any, watch: Watch) -> None:
 
 
 def _check(iterator: Any, watch: Watch) -> None:
+    watch.next_check = time.monotonic() + watch.poll_interval
     workers = iterator._workers
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     stalled = watch.stalled(alive)
