@@ -258,14 +258,6 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 f"(stall_timeout={options.stall_timeout})",
                 False,
             )
-    for pool in state.pools or ():
-        if pool.num_threads > 1:
-            add(
-                "pool",
-                f"{pool.internal_api} ({pool.user_api}) pool set to {pool.num_threads} threads: {pool.filepath}",
-                _plan("threadpools", HOOK_ACTIONS["threadpools"]),
-                _hook_runs("threadpools"),
-            )
     for entry in _open_h5py_files():
         writable = entry["mode"] != "r"
         add(
@@ -328,6 +320,10 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
             "pid": state.pid,
             "python_threads": [name for _, name in state.python_threads],
             "native_threads": len(state.native_threads),
+            "pools": [
+                {"library": p.internal_api, "api": p.user_api, "threads": p.num_threads, "path": p.filepath}
+                for p in state.pools or ()
+            ],
             "notes": list(state.notes),
         },
     }
@@ -367,6 +363,10 @@ def format_report(report: dict[str, Any]) -> str:
         mark = "ok  " if hazard["handled"] else "WARN"
         lines.append(f"  [{mark}] {hazard['what']}")
         lines.append(f"         safeloader will: {hazard['safeloader_will']}")
+    pools = report["process"]["pools"]
+    if pools:
+        lines += ["", "Thread pools configured (threadpoolctl; only live ones above are a fork hazard):"]
+        lines += [f"  {p['library']} ({p['api']}): {p['threads']} thread(s), {p['path']}" for p in pools]
     notes = report["process"]["notes"]
     if notes:
         lines += ["", "Notes:"] + [f"  {note}" for note in notes]
@@ -382,7 +382,10 @@ def doctor(*, imports: Iterable[str] = (), json: bool = False, file: IO[str] | N
     report = collect(imports)
     if file is not None:
         text = json_module.dumps(report, indent=2) if json else format_report(report)
-        print(text, file=file)
+        try:
+            print(text, file=file)
+        except BrokenPipeError:  # piped into head & co.
+            pass
     return report
 
 
