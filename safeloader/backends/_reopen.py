@@ -32,8 +32,8 @@ from typing import Any
 from .. import _registry
 
 _PROC_FD = "/proc/self/fd"
-# Files whose content the kernel generates: an offset is not shared state worth privatizing.
-_VIRTUAL_PREFIXES = ("/proc/", "/sys/", "/dev/")
+# Filesystems whose content the kernel generates: an offset there is not shared data.
+_VIRTUAL_MOUNTS = ("/proc", "/sys", "/dev")
 # File status flags a fresh description should keep (access mode set separately).
 _KEPT_STATUS_FLAGS = (
     getattr(os, "O_NONBLOCK", 0)
@@ -73,18 +73,53 @@ def available() -> bool:
 
 def regular_file_fds() -> Iterator[InheritedFd]:
     """Every open descriptor of this process that refers to a regular file."""
+    import fcntl
+
     for name in os.listdir(_PROC_FD):
         fd = int(name)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 continue
-            import fcntl
-
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         except OSError:  # the listing's own descriptor, already closed
             continue
         yield InheritedFd(fd, flags, st.st_dev, st.st_ino)
+
+
+_virtual_devices: frozenset[int] | None = None
+
+
+def is_virtual(entry: InheritedFd) -> bool:
+    """Whether the file lives on /proc, /sys or /dev."""
+    global _virtual_devices
+    if _virtual_devices is None:
+        devices = set()
+        for mount in _VIRTUAL_MOUNTS:
+            try:
+                devices.add(os.stat(mount).st_dev)
+            except OSError:
+                pass
+        _virtual_devices = frozenset(devices)
+    return entry.dev in _virtual_devices
+
+
+def exclusively_locked_inodes() -> frozenset[int]:
+    """Inode numbers with a write (exclusive) flock or OFD lock, from /proc/locks."""
+    try:
+        with open("/proc/locks", "rb") as locks:
+            lines = locks.read().split(b"\n")
+    except OSError:
+        return frozenset()
+    inodes = set()
+    for line in lines:
+        fields = line.split()
+        # b"1:", b"FLOCK", b"ADVISORY", b"WRITE", pid, b"maj:min:inode", start, end
+        if len(fields) >= 6 and fields[1] in (b"FLOCK", b"OFDLCK") and b"WRITE" in fields:
+            device_inode = next((f for f in fields if f.count(b":") == 2), None)
+            if device_inode is not None:
+                inodes.add(int(device_inode.rsplit(b":", 1)[1]))
+    return frozenset(inodes)
 
 
 def holds_exclusive_lock(fd: int) -> bool:
@@ -98,16 +133,13 @@ def holds_exclusive_lock(fd: int) -> bool:
         return False
 
 
-def is_virtual(path: str) -> bool:
-    return path.startswith(_VIRTUAL_PREFIXES)
-
-
 # Descriptors already privatized in this process; a fork starts a fresh set.
 _private: tuple[int, set[int]] = (-1, set())
 
 
-def already_private(fd: int) -> bool:
-    return _private[0] == os.getpid() and fd in _private[1]
+def private_fds() -> set[int]:
+    """Descriptors this process has privatized already (none right after a fork)."""
+    return _private[1] if _private[0] == os.getpid() else set()
 
 
 def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = True) -> None:
@@ -119,16 +151,17 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
     holds writable. Raises OSError naming the path and the worker.
     """
     global _private
-    if _private[0] != os.getpid():
-        _private = (os.getpid(), set())
+    pid = os.getpid()
+    if _private[0] != pid:
+        _private = (pid, set())
     fd = entry.fd
     access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
     flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
-    path = entry.path
     try:
         offset = os.lseek(fd, 0, os.SEEK_CUR)
         fresh = os.open(f"{_PROC_FD}/{fd}", flags)
     except OSError as exc:
+        path = entry.path
         where = f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
         raise type(exc)(
             exc.errno,
@@ -137,7 +170,8 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
             f"(e.g. lazily on first use), or pass disable_hooks=('files',) to share the parent's handle",
         ) from exc
     try:
-        os.lseek(fresh, offset, os.SEEK_SET)
+        if offset:
+            os.lseek(fresh, offset, os.SEEK_SET)
         os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))
     finally:
         os.close(fresh)

@@ -45,10 +45,14 @@ def privatize_inherited_files() -> None:
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
+    done = _reopen.private_fds()
+    locked: frozenset[int] | None = None
     for entry in _reopen.regular_file_fds():
-        if not entry.read_only or _reopen.already_private(entry.fd):
+        if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
             continue
-        if _reopen.is_virtual(entry.path) or _reopen.holds_exclusive_lock(entry.fd):
+        if locked is None:
+            locked = _reopen.exclusively_locked_inodes()
+        if entry.ino in locked and _reopen.holds_exclusive_lock(entry.fd):
             continue
         _reopen.privatize(entry, worker)
 
