@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 import safeloader
 from safeloader.backends import threadpools
 
-ITEMS = 96
+ITEMS = 64
 SIZE = 384
 REPEATS = 4
 WORKERS = 2

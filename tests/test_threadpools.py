@@ -55,7 +55,11 @@ class Report(Dataset):
         return json.dumps({"pools": pools(), "torch": torch.get_num_threads(), "team": team, "total": total})
 
 def run(loader):
-    return [json.loads(item) for item in loader]
+    iterator = iter(loader)
+    try:
+        return [json.loads(item) for item in iterator]
+    finally:
+        iterator._shutdown_workers()  # at once, also after a worker error
 """
 
 

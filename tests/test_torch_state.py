@@ -34,6 +34,15 @@ class CpuOnly(Dataset):
         return torch.arange(3.0) * index
 
 
+def consume(loader) -> list:
+    """All batches; on error, shut the workers down now rather than at their next liveness check."""
+    iterator = iter(loader)
+    try:
+        return list(iterator)
+    finally:
+        iterator._shutdown_workers()
+
+
 @pytest.fixture
 def cuda_initialised_in_parent(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -42,7 +51,7 @@ def cuda_initialised_in_parent(monkeypatch):
 
 def test_worker_using_cuda_gets_an_error_saying_what_and_what_to_do(cuda_initialised_in_parent):
     with pytest.raises(torch_state.ForkedAcceleratorError) as info:
-        list(safeloader.DataLoader(UsesCuda(), num_workers=2))
+        consume(safeloader.DataLoader(UsesCuda(), num_workers=2))
     message = str(info.value)
     assert "DataLoader worker" in message
     assert "CUDA was initialised in the parent process before the workers were forked" in message
@@ -55,7 +64,7 @@ def test_torch_loader_reports_another_error_for_the_same_dataset(cuda_initialise
     # CUDA in forked subprocess ... you must use the 'spawn' start method"; on
     # this CPU build, the CPU build's own message.
     with pytest.raises(Exception) as info:
-        list(torch.utils.data.DataLoader(UsesCuda(), num_workers=2))
+        consume(torch.utils.data.DataLoader(UsesCuda(), num_workers=2))
     assert not isinstance(info.value, torch_state.ForkedAcceleratorError)
     assert "initialised in the parent" not in str(info.value)
 
@@ -73,13 +82,13 @@ def test_cpu_dataset_still_works_with_cuda_initialised_in_parent(cuda_initialise
 def test_without_cuda_in_parent_the_backend_leaves_cuda_alone():
     assert torch_state.initialised_accelerators() == ()
     with pytest.raises(Exception) as info:
-        list(safeloader.DataLoader(UsesCuda(), num_workers=1))
+        consume(safeloader.DataLoader(UsesCuda(), num_workers=1))
     assert not isinstance(info.value, torch_state.ForkedAcceleratorError)
 
 
 def test_disabled_torch_hook_leaves_torch_error(cuda_initialised_in_parent):
     with pytest.raises(Exception) as info:
-        list(safeloader.DataLoader(UsesCuda(), num_workers=1, disable_hooks={"torch"}))
+        consume(safeloader.DataLoader(UsesCuda(), num_workers=1, disable_hooks={"torch"}))
     assert not isinstance(info.value, torch_state.ForkedAcceleratorError)
 
 

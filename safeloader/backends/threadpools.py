@@ -133,6 +133,9 @@ def _after_in_child() -> None:
     _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
 
+_WORKER_LOOPS = ("torch.utils.data", "torchdata")  # modules whose _worker_loop calls torch.set_num_threads(1)
+
+
 class _TorchSetNumThreads:
     """Stands in for ``torch.set_num_threads`` in a worker.
 
@@ -150,8 +153,8 @@ class _TorchSetNumThreads:
     def __call__(self, num_threads: int) -> None:
         import torch
 
-        caller = sys._getframe(1).f_code
-        if caller.co_name == "_worker_loop" and "torch/utils/data" in caller.co_filename.replace("\\", "/"):
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_worker_loop" and caller.f_globals.get("__name__", "").startswith(_WORKER_LOOPS):
             self.original(self.budget)
             if not self.pinned:
                 torch.set_num_threads = self.original  # nothing left to guard
