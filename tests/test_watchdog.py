@@ -218,3 +218,22 @@ def test_stall_timeout_none_turns_the_watchdog_off():
     assert not hasattr(iterator, "_safeloader_watch")
     assert next(iterator).tolist() == [0, 1, 2, 3]
     del iterator
+
+
+@pytest.mark.timeout(60)
+def test_a_hang_while_the_worker_starts_is_named_too():
+    lock = threading.Lock()
+
+    def init(worker_id: int) -> None:
+        with lock:  # held by the test: the worker never finishes starting
+            pass
+
+    lock.acquire()
+    try:
+        loader = safeloader.DataLoader(SlowDataset(), num_workers=1, worker_init_fn=init, stall_timeout=1.0)
+        with pytest.raises(WorkerStallError) as caught:
+            next(iter(loader))
+    finally:
+        lock.release()
+    message = str(caught.value)
+    assert "while starting (fork hooks, worker_init_fn)" in message and "in init" in message, message
