@@ -237,3 +237,27 @@ def test_a_hang_while_the_worker_starts_is_named_too():
         lock.release()
     message = str(caught.value)
     assert "while starting (fork hooks, worker_init_fn)" in message and "in init" in message, message
+
+
+class SleepsForever(torch.utils.data.Dataset):
+    """Items 0 and 1 come back; item 2 never does (a stand-in for a hang that no fork caused)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> int:
+        if index >= 2:
+            time.sleep(3600)
+        return index
+
+
+@pytest.mark.timeout(90)
+def test_spawned_workers_are_watched_too():
+    # The heartbeats travel to the worker inside safeloader's pickled worker_init_fn.
+    loader = safeloader.DataLoader(SleepsForever(), num_workers=1, stall_timeout=1.0, multiprocessing_context="spawn")
+    got = []
+    with pytest.raises(WorkerStallError) as caught:
+        for batch in loader:
+            got += batch.tolist()
+    assert got == [0, 1]
+    assert "__getitem__" in str(caught.value) and "after 2 done" in str(caught.value), str(caught.value)
