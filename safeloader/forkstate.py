@@ -31,6 +31,7 @@ import gc
 import os
 import platform
 import sys
+import weakref
 from dataclasses import dataclass, field
 
 from . import native
@@ -293,7 +294,9 @@ def snapshot(*, pools: bool = True) -> ForkState:
 # -- the record taken around each worker fork -----------------------------------
 
 _recorded: ForkState | None = None
-_recorded_for: object = None  # the ForkContext of the fork it was taken for
+# The ForkContext of the fork it was taken for, weakly: the context holds the
+# loader, and a strong reference would keep its persistent workers alive.
+_recorded_for: weakref.ref[object] | None = None
 
 
 def record() -> ForkState:
@@ -307,9 +310,9 @@ def record() -> ForkState:
     from ._registry import fork_context
 
     context = fork_context()
-    if _recorded is None or context is None or _recorded_for is not context:
+    if _recorded is None or context is None or _recorded_for is None or _recorded_for() is not context:
         _recorded = snapshot(pools=False)
-        _recorded_for = context
+        _recorded_for = weakref.ref(context) if context is not None else None
     return _recorded
 
 

@@ -252,3 +252,18 @@ def test_without_threadpoolctl_the_backend_is_listed_inactive(monkeypatch):
 def test_thread_budget_must_be_a_positive_int():
     with pytest.raises(ValueError, match="thread_budget must be None or an int >= 1, got 0"):
         safeloader.DataLoader(ParentState(), num_workers=1, thread_budget=0)
+
+
+def test_fork_records_do_not_keep_the_loader_alive():
+    # The record is taken per fork; holding the fork's context (which holds the
+    # loader) would keep a persistent loader and its workers alive forever.
+    import gc
+    import weakref
+
+    loader = safeloader.DataLoader(ParentState(), batch_size=None, num_workers=2, persistent_workers=True)
+    assert len(list(loader)) == 2
+    assert forkstate._recorded is not None  # a record was taken
+    gone = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert gone() is None
