@@ -11,7 +11,9 @@ under the same descriptor number, so every object holding that descriptor
 (Python file objects, an ``NpzFile``, HDF5's driver) keeps working unchanged.
 The reopen goes through ``/proc/self/fd/N``, so it reaches the very file the
 parent opened even if it was since moved or deleted; the parent's own
-descriptors are not touched.
+descriptors are not touched. The offset is read in the worker right after the
+fork: another parent thread reading the same handle at that instant could move
+it first (such a thread already races with the parent's own reads).
 
 Spawn/forkserver. Handles cannot be pickled; the backends register reductions
 that pickle them by path and reopen in the worker. They are active only while
