@@ -322,6 +322,15 @@ def test_supported_versions_are_declared_checked_and_match_the_package_extra():
         assert zarrs_layout.MODE_PROBLEMS[mode]() is None, mode
 
 
+def test_the_parent_finds_every_binding_a_worker_must_move_to_its_copy():
+    internal = sys.modules["zarrs._internal"]
+    bindings = zarrs_native.find_bindings(internal)
+    assert {(module, attribute) for module, attribute, _ in bindings} == set(zarrs_layout.INTERNAL_BINDINGS)
+    assert all(
+        getattr(sys.modules[module], attribute) is getattr(internal, name) for module, attribute, name in bindings
+    )
+
+
 def run_collecting_warnings(loader) -> tuple[list, list[warnings.WarningMessage]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

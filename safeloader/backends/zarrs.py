@@ -48,12 +48,14 @@ class Plan:
     mode: str
     threads: int  # rayon threads of the worker's own pool ("pool" mode)
     copy_fd: int | None  # memfd with the extension module to load ("pool" mode)
+    bindings: tuple[zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
 
 
 _plan: Plan | None = None
 _copy_fd: int | None = None  # this process's memfd copy of zarrs' extension, made once
 _source: str | None = None  # the extension's file, kept for workers whose own module is a copy
 _resolved: dict[str, str] = {}  # requested mode -> mode in force (checks run once per process)
+_bindings: tuple[zarrs_native.Binding, ...] = ()  # found with the pool-mode checks
 
 
 def register() -> None:
@@ -114,11 +116,13 @@ def _supported_text() -> str:
 
 def _ensure_copy() -> str | None:
     """Make this process's memfd copy of the extension once; why it failed, or None."""
-    global _copy_fd, _source
+    global _copy_fd, _source, _bindings
     if _copy_fd is not None:
         return None
+    internal = sys.modules[zarrs_native.INTERNAL]
     if _source is None:
-        _source = sys.modules[zarrs_native.INTERNAL].__file__
+        _source = internal.__file__
+    _bindings = zarrs_native.find_bindings(internal)
     try:
         _copy_fd = zarrs_native.make_copy(_source)
     except OSError as exc:
@@ -133,7 +137,7 @@ def _before() -> None:
         return
     mode = resolve_mode(context.options.zarrs_mode)
     threads = thread_budget(context.num_workers, context.options.thread_budget)
-    _plan = Plan(mode, threads, _copy_fd if mode == "pool" else None)
+    _plan = Plan(mode, threads, _copy_fd, _bindings) if mode == "pool" else Plan(mode, threads, None)
 
 
 def _after_in_parent() -> None:
@@ -170,7 +174,9 @@ def _load_private_pool(plan: Plan) -> str:
     old = sys.modules[zarrs_native.INTERNAL]
     try:
         new = zarrs_native.load_copy(plan.copy_fd)
-    except Exception as exc:  # nothing was changed yet: serial mode on the inherited module is safe
+        new.__file__ = _source  # same bytes; the memfd path dies with its descriptor
+        zarrs_native.install_copy(old, new, plan.bindings)  # checks every binding before changing any
+    except Exception as exc:  # nothing was changed: serial mode on the inherited module is safe
         warnings.warn(
             f"safeloader: DataLoader worker (pid {os.getpid()}) could not load a private copy of zarrs' "
             f"extension ({type(exc).__name__}: {exc}); it decodes with zarrs_mode='serial'.",
@@ -178,8 +184,6 @@ def _load_private_pool(plan: Plan) -> str:
             stacklevel=2,
         )
         return "serial"
-    new.__file__ = _source  # same bytes; the memfd path dies with its descriptor
-    zarrs_native.install_copy(old, new)
     return "pool"
 
 

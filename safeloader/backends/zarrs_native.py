@@ -48,29 +48,52 @@ def load_copy(fd: int) -> ModuleType:
     spec = importlib.util.spec_from_file_location(INTERNAL, path, loader=loader)
     if spec is None:
         raise ImportError(f"cannot make a module spec for {path}")
-    module = importlib.util.module_from_spec(spec)  # dlopen + the module's init function
-    loader.exec_module(module)
+    previous = sys.modules.get(INTERNAL)
+    try:
+        module = importlib.util.module_from_spec(spec)  # dlopen + the module's init function
+        loader.exec_module(module)
+    finally:
+        # A single-phase extension enters itself in sys.modules when initialised;
+        # nothing may change until install_copy has checked every binding.
+        if previous is not None:
+            sys.modules[INTERNAL] = previous
     return module
 
 
-def install_copy(old: ModuleType, new: ModuleType) -> list[str]:
-    """Point every ``zarrs.*`` global bound to an object of ``old`` at ``new``'s; returns them.
+Binding = tuple[str, str, str]  # (module, attribute, name in zarrs._internal)
 
-    Mixing the two fails loudly ("'ChunkItem' object cannot be cast as
-    'ChunkItem'"), so every binding must move.
-    """
-    exported = {id(value): name for name, value in vars(old).items() if not name.startswith("__")}
-    rebound = []
+
+def find_bindings(internal: ModuleType) -> tuple[Binding, ...]:
+    """Every ``zarrs.*`` global bound to an object of ``internal``. Run in the parent, once:
+    in a fresh fork, walking every module would touch (and copy) a page per module."""
+    exported = {id(value): name for name, value in vars(internal).items() if not name.startswith("__")}
+    found = []
     for module_name, module in list(sys.modules.items()):
-        if module is None or module is old or not (module_name == "zarrs" or module_name.startswith("zarrs.")):
+        if module is None or module is internal or not (module_name == "zarrs" or module_name.startswith("zarrs.")):
             continue
-        for attribute, value in list(vars(module).items()):
+        for attribute, value in vars(module).items():
             name = exported.get(id(value))
-            if name is not None and getattr(old, name) is value:
-                setattr(module, attribute, getattr(new, name))
-                rebound.append(f"{module_name}.{attribute}")
+            if name is not None and getattr(internal, name) is value:
+                found.append((module_name, attribute, name))
+    return tuple(found)
+
+
+def install_copy(old: ModuleType, new: ModuleType, bindings: tuple[Binding, ...]) -> None:
+    """Point ``bindings`` (found in the parent) and ``sys.modules`` at ``new``.
+
+    Mixing the two modules fails loudly ("'ChunkItem' object cannot be cast
+    as 'ChunkItem'"), so every binding must move; one that no longer holds
+    ``old``'s object means the layout changed since the parent looked.
+    """
+    for module_name, attribute, name in bindings:
+        module = sys.modules[module_name]
+        if getattr(module, attribute, None) is not getattr(old, name):
+            raise ImportError(
+                f"{module_name}.{attribute} must be zarrs._internal.{name}, got {getattr(module, attribute)!r}"
+            )
+    for module_name, attribute, name in bindings:
+        setattr(sys.modules[module_name], attribute, getattr(new, name))
     sys.modules[INTERNAL] = new
     package = sys.modules.get("zarrs")
     if package is not None:
         package._internal = new  # type: ignore[attr-defined]
-    return rebound
