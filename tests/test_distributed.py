@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import uuid
 
 import numpy as np
@@ -186,6 +187,137 @@ def test_same_ranks_with_torch_loader_hang_in_the_workers(tmp_path, chunked_arra
     assert not result.timed_out, f"torchrun did not even fail in time:\n{result}"
     assert result.returncode != 0
     assert "DataLoader timed out after 10" in result.stderr, str(result)
+
+
+# -- threads at fork: another loader's pin-memory thread ------------------------
+
+PIN_THREAD_SCRIPT = r'''
+import ctypes
+import os
+import queue
+import sys
+import threading
+
+import psutil
+import torch
+import torch.utils.data._utils.pin_memory as pin_module
+
+import safeloader
+
+which = sys.argv[1]
+libc = ctypes.CDLL(None)
+cxa_atexit, cxa_finalize = libc.__cxa_atexit, libc.__cxa_finalize
+cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+cxa_finalize.argtypes = [ctypes.c_void_p]
+getpid = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+for _ in range(200_000):  # a long atexit list: scanning it holds glibc's lock for milliseconds
+    cxa_atexit(getpid, None, 0x1000)
+
+
+class Batch:
+    """Pinning it does what pinning on an accelerator can do: hold glibc's atexit-list
+    lock (taken by any first-time C++ static initialisation) with the GIL released."""
+
+    def pin_memory(self):
+        cxa_finalize(0x2000)  # matches no entry: a pure scan under the lock
+        return self
+
+
+# torch's own pin-memory loop, as a first loader runs it; this CPU-only torch has
+# no accelerator, and setting the device is the loop's only other native call.
+torch.accelerator.set_device_index = lambda index: None
+done = threading.Event()
+in_queue, out_queue = queue.Queue(4), queue.Queue()
+threading.Thread(target=pin_module._pin_memory_loop, args=(in_queue, out_queue, 0, done, "cpu"), daemon=True).start()
+
+
+def feed():
+    while True:
+        in_queue.put((0, Batch()))
+        while not out_queue.empty():
+            out_queue.get()
+
+
+threading.Thread(target=feed, daemon=True).start()
+
+# A second loader forks its workers meanwhile, over and over.
+Loader = safeloader.DataLoader if which == "safeloader" else torch.utils.data.DataLoader
+for attempt in range(20):
+    try:
+        batches = list(Loader(range(8), batch_size=2, num_workers=2, timeout=5))
+    except RuntimeError as error:
+        print(f"attempt {attempt}: {error}", flush=True)
+        for worker in psutil.Process().children(recursive=True):
+            worker.kill()  # the hung worker would hold our output pipes open
+        os._exit(3)
+    assert torch.cat(batches).tolist() == list(range(8))
+print("20 loaders ok", flush=True)
+os._exit(0)  # skip the 200000 atexit calls
+'''
+
+
+@pytest.mark.parametrize("which", ["safeloader", "torch"])
+def test_second_loader_forks_safely_while_a_pin_memory_thread_pins(tmp_path, which):
+    # torch issue 130610: a pin-memory thread inside native code at a fork can
+    # leave glibc's atexit lock held in the worker, which then hangs at its
+    # first C++ static initialisation (torch.Generator() in torch's worker loop).
+    # safeloader's "pin_memory" backend makes worker forks wait for pin_memory() calls.
+    script = tmp_path / "pin_thread.py"
+    script.write_text(PIN_THREAD_SCRIPT)
+    result = run_python(f"import runpy, sys; sys.argv = {[str(script), which]!r}; runpy.run_path(sys.argv[0])", 90)
+    assert not result.timed_out, str(result)
+    if which == "safeloader":
+        assert result.returncode == 0 and "20 loaders ok" in result.stdout, str(result)
+    else:  # the failure the backend fixes: a worker hangs, no batch within the loader's timeout
+        assert result.returncode == 3 and "DataLoader timed out after 5" in result.stdout, str(result)
+
+
+class Pinnable:
+    """Stands in for a batch on an accelerator: pinning waits for a go signal."""
+
+    def __init__(self, go: threading.Event | None = None) -> None:
+        self.go = go
+        self.entered = threading.Event()
+        self.pinned = threading.Event()
+
+    def pin_memory(self):
+        self.entered.set()
+        if self.go is not None:
+            assert self.go.wait(30)
+        self.pinned.set()
+        return self
+
+
+@pytest.mark.timeout(60)
+def test_pin_memory_gate_lets_forks_wait_for_pinning_and_passes_nested_batches():
+    import torch.utils.data._utils.pin_memory as pin_module
+
+    from safeloader import DataLoader
+    from safeloader.backends import pin_memory as gate
+
+    list(DataLoader(range(4), num_workers=1))  # the first armed start installs the gate
+    assert gate.gated() and pin_module.pin_memory is not gate._original
+
+    nested = {"a": [Pinnable(), Pinnable()], "b": (Pinnable(),)}
+    assert pin_module.pin_memory(nested) == nested  # torch recurses through the gate: no self-wait
+    assert all(item.pinned.is_set() for item in [*nested["a"], *nested["b"]]) and gate._gate.inside == 0
+
+    go = threading.Event()
+    in_progress = Pinnable(go)
+    pinning = threading.Thread(target=pin_module.pin_memory, args=(in_progress,))
+    pinning.start()
+    assert in_progress.entered.wait(30)
+    threading.Timer(0.2, go.set).start()
+    assert gate._gate.close(timeout=30)  # what `before` does: wait for the call in progress
+    assert in_progress.pinned.is_set()
+    late = Pinnable()
+    waiting = threading.Thread(target=pin_module.pin_memory, args=(late,))
+    waiting.start()
+    assert not late.entered.wait(0.3)  # held at the gate while "forking"
+    gate._gate.open()  # what `after_in_parent` does
+    assert late.pinned.wait(30)
+    pinning.join(30), waiting.join(30)
+    assert gate._gate.inside == 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
-BUILTIN: tuple[str, ...] = ("zarrs", "files", "h5py", "npz", "threadpools", "torch_state", "gc_freeze")
+BUILTIN: tuple[str, ...] = ("zarrs", "files", "h5py", "npz", "threadpools", "torch_state", "gc_freeze", "pin_memory")
 
 _modules: list[ModuleType] = []
 

@@ -1,0 +1,169 @@
+"""The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code.
+
+A loader iterated with ``pin_memory=True`` (and an accelerator) runs a
+pin-memory thread for as long as it iterates. That thread spends its time in
+two places: waiting on its workers' result queue (harmless at a fork), and
+inside torch's ``pin_memory(batch)``, which runs native accelerator code with
+the GIL released. Native code may hold C-library locks there that a fork does
+not reset in the child. The one in torch issue 130610 is glibc's atexit-list
+lock: every first-time C++ static initialisation takes it, and a worker forked
+while another thread holds it hangs at its own first one, in torch's worker
+loop (``torch.Generator()``, ``torch.set_num_threads(1)``) or in the Dataset.
+Typical trigger: a validation loader forks its workers while the training
+loader's pin-memory thread pins its first batches.
+
+The fix is a gate around torch's ``pin_memory()`` function (looked up as a
+module global by torch's pin-memory loop, so replacing it reaches every pin
+thread): pin threads pass freely, except during a safeloader worker fork,
+when ``before`` closes the gate and waits for the calls in progress to
+finish, and ``after_in_parent`` reopens it. A pin thread reaching the gate
+meanwhile waits for that one fork (a Python lock wait: it holds no native
+lock then). Calls from the forking thread itself pass through.
+
+What it does not cover (see the README, "Threads at fork"): other native
+threads inside GIL-free code at the fork (the ``threadpools`` and ``zarrs``
+backends handle their pools; gloo's threads hold nothing a worker uses).
+The gate is installed when the first armed loader starts; a pin thread of a
+plain loader started earlier is gated from its next batch on.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .._registry import register_at_fork
+
+NAME = "pin_memory"
+WAIT_SECONDS = 30.0
+"""How long a fork waits for pin-memory calls in progress; then it forks anyway, with a warning."""
+
+__all__ = ["NAME", "WAIT_SECONDS", "gated", "register", "status"]
+
+
+class _Gate:
+    """Counts threads inside pin_memory(); a fork closes it and waits for zero."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition(threading.Lock())
+        self.inside = 0
+        self.closed_by: int | None = None  # ident of the forking thread
+        self.local = threading.local()  # .depth: pin_memory() recurses into containers
+
+    def enter(self) -> bool:
+        """Wait while a fork is under way; True if this call is counted (the outermost one)."""
+        depth = getattr(self.local, "depth", 0)
+        if depth == 0:
+            me = threading.get_ident()
+            with self.condition:
+                while self.closed_by is not None and self.closed_by != me:
+                    self.condition.wait()
+                self.inside += 1
+        self.local.depth = depth + 1
+        return depth == 0
+
+    def leave(self, counted: bool) -> None:
+        self.local.depth -= 1
+        if not counted:
+            return
+        with self.condition:
+            self.inside -= 1
+            if self.inside == 0:
+                self.condition.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Stop new calls and wait for those in progress; False if they outlast ``timeout``."""
+        me = threading.get_ident()
+        with self.condition:
+            self.closed_by = me
+            mine = getattr(self.local, "depth", 0) > 0  # never wait for ourselves
+            return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
+
+    def open(self) -> None:
+        with self.condition:
+            self.closed_by = None
+            self.condition.notify_all()
+
+
+_gate = _Gate()
+_original: Callable[..., Any] | None = None
+
+
+def _gated_pin_memory(data: Any, device: Any = None) -> Any:
+    counted = _gate.enter()
+    try:
+        return _original(data, device)  # type: ignore[misc]
+    finally:
+        _gate.leave(counted)
+
+
+def gated() -> bool:
+    """Whether torch's pin_memory() currently goes through the gate."""
+    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    return module is not None and getattr(module, "pin_memory", None) is _gated_pin_memory
+
+
+def _install_gate() -> None:
+    global _original
+    import torch.utils.data._utils.pin_memory as pin_module
+
+    current = getattr(pin_module, "pin_memory", None)
+    if current is None or current is _gated_pin_memory:
+        return  # a torch without this function: nothing to gate (status() says so)
+    _original = current
+    pin_module.pin_memory = _gated_pin_memory
+
+
+def prepare_start(loader: Any, start_method: str) -> None:
+    """Install the gate before the first armed loader starts its workers (and its pin thread)."""
+    if start_method == "fork" and not gated():
+        _install_gate()
+
+
+def _before() -> None:
+    if not gated():
+        return
+    if not _gate.close(WAIT_SECONDS):
+        warnings.warn(
+            f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
+            "forking the DataLoader worker anyway (it may hang if that thread holds a C library lock)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _after_in_parent() -> None:
+    _gate.open()
+
+
+def _after_in_child() -> None:
+    global _gate
+    # The child has none of the parent's pin threads; start from an open gate.
+    _gate = _Gate()
+
+
+def status() -> str:
+    """Whether the gate is in place, in words."""
+    if gated():
+        return "active: worker forks wait for pin-memory threads to leave pin_memory()"
+    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    if module is not None and not hasattr(module, "pin_memory"):
+        return "inactive: this torch has no torch.utils.data._utils.pin_memory.pin_memory to gate"
+    return "inactive until the first safeloader-armed loader starts forked workers"
+
+
+def register() -> None:
+    # Highest priority: its `before` runs last, right before the fork, and its
+    # `after_in_parent` first, so pin threads wait as briefly as possible.
+    register_at_fork(
+        name=NAME,
+        before=_before,
+        after_in_parent=_after_in_parent,
+        after_in_child=_after_in_child,
+        priority=1000,
+        requires=("torch",),
+        replace=True,
+    )
