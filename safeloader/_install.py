@@ -10,6 +10,7 @@ import torch.utils.data.dataloader
 
 from . import _registry
 from ._loader import SafeDataLoader, start_armed
+from ._torch_loader_pickling import reduce_torch_loader
 
 _TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _saved: dict[str, Any] = {}
@@ -48,6 +49,9 @@ def install() -> Installation:
         return Installation(owner=False)
     _saved["_get_iterator"] = _TorchDataLoader.__dict__["_get_iterator"]
     _TorchDataLoader._get_iterator = _armed_get_iterator  # type: ignore[method-assign]
+    # pickle can no longer find torch's class by its name: reduce its instances another way.
+    _saved["__reduce_ex__"] = _TorchDataLoader.__dict__.get("__reduce_ex__")
+    _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
     torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
     torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
     _registry.set_installed(True)
@@ -59,6 +63,11 @@ def uninstall() -> None:
     if not _registry._installed:
         return
     _TorchDataLoader._get_iterator = _saved.pop("_get_iterator")  # type: ignore[method-assign]
+    reduce_ex = _saved.pop("__reduce_ex__")
+    if reduce_ex is None:
+        del _TorchDataLoader.__reduce_ex__
+    else:
+        _TorchDataLoader.__reduce_ex__ = reduce_ex  # type: ignore[method-assign]
     torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
     torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
     _registry.set_installed(False)

@@ -343,6 +343,35 @@ def test_loader_rebuilt_as_plain_torch_loader_is_armed_only_after_install(tmp_pa
     assert readers == set(installed.pids()) and sorted(installed.pids().values()) == [0, 1]
 
 
+@pytest.mark.parametrize("case", ["workers", "persistent", "lambda-init"])
+def test_plain_torch_loader_pickles_after_install_as_without(tmp_path, case):
+    # install() rebinds torch's DataLoader names; pickle finds classes by name.
+    kwargs = LOADER_CASES[case]
+    dataset = [float(i) for i in range(8)]
+    reference = TorchDataLoader(dataset, batch_size=2, **kwargs)
+    plain = TorchDataLoader(dataset, batch_size=2, **kwargs)  # before install, as a trainer's module does
+    loaders = [reference, plain]
+    try:
+        expected = [pickles(reference), list(reference) and pickles(reference)]  # fresh, after an epoch
+        with safeloader.install():
+            rebuilt_after_install = TorchDataLoader(dataset, batch_size=2, **kwargs)  # the early-imported name
+            loaders.append(rebuilt_after_install)
+            armed = ArmedWorkers(tmp_path)
+            for epoch in range(2):
+                assert pickles(plain) == expected[epoch] == pickles(rebuilt_after_install)
+                if expected[epoch][0] and epoch == 0:
+                    copy = pickle.loads(pickle.dumps(rebuilt_after_install))
+                    assert type(copy) is TorchDataLoader
+                    assert torch.cat(list(copy)).tolist() == dataset
+                    assert sorted(armed.pids().values()) == [0, 1]  # the copy is armed too
+                list(plain), list(rebuilt_after_install)
+    finally:
+        for loader in loaders:
+            if loader._iterator is not None:  # persistent workers live as long as their loader
+                loader._iterator._shutdown_workers()
+    assert "__reduce_ex__" not in TorchDataLoader.__dict__  # uninstall restored torch's class
+
+
 class ZarrRows(Dataset):
     """A Dataset holding an open zarr array, as users write them."""
 
