@@ -186,11 +186,14 @@ def test_raising_child_callback_reaches_parent_with_worker_id(worker_id):
             raise ValueError("boom in worker")
 
     safeloader.register_at_fork(after_in_child=fail_in_one_worker, name="t.child_bad")
-    loader = DataLoader(WhoReads(), batch_size=1, num_workers=3)
+    iterator = iter(DataLoader(WhoReads(), batch_size=1, num_workers=3))
     start = time.monotonic()
     with pytest.raises(HookError) as info:
-        list(loader)
+        list(iterator)
     assert time.monotonic() - start < 10
+    # The error's traceback keeps the iterator alive; stop its workers now
+    # rather than when the cycle is collected.
+    iterator._shutdown_workers()
     message = str(info.value)
     assert f"'t.child_bad' failed in phase 'after_in_child' in DataLoader worker {worker_id}" in message
     assert "boom in worker" in message
