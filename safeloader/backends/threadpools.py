@@ -144,7 +144,10 @@ def _set_threads(library: Any, threads: int) -> None:
     the worker's first BLAS call, with that count. Anything else, or an
     OpenBLAS without that symbol, goes through threadpoolctl.
     """
-    if library.internal_api == "openblas" and threads < library.num_threads:
+    current = library.num_threads
+    if current == threads:
+        return  # even a same-value call restarts OpenBLAS's pool
+    if library.internal_api == "openblas" and threads < current:
         import ctypes
 
         try:
