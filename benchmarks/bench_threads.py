@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
 import safeloader
+from safeloader._options import available_cores, default_thread_budget
 from safeloader.backends import threadpools
 
 ITEMS = 64
@@ -121,11 +122,11 @@ def main() -> None:
         with_hooks.append(first_batch_seconds(frozenset()))
         without.append(first_batch_seconds(frozenset({"threadpools", "forkstate"})))
 
-    cores = threadpools.available_cores()
+    cores = available_cores()
     blas = {i["internal_api"]: i["num_threads"] for i in threadpoolctl.threadpool_info()}
     print(f"{cores} cores available, {WORKERS} workers, parent pools {blas}, Python {platform.python_version()}, "
           f"torch {torch.__version__}, numpy {np.__version__}")
-    print(f"budget per worker: {threadpools.default_budget(WORKERS)} thread(s) "
+    print(f"budget per worker: {default_thread_budget(WORKERS)} thread(s) "
           f"(torch default: {blas.get('openblas')} OpenBLAS threads per worker)")
     base = statistics.median(rates["torch DataLoader (default)"])
     print(f"\n{'contender':30} {'items/s (median)':>17} {'runs':>30} {'vs torch':>9}")

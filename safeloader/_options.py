@@ -8,10 +8,24 @@ read the resolved values from ``safeloader.fork_context().options``.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 ZARRS_MODES = ("pool", "serial", "python")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_thread_budget(num_workers: int) -> int:
+    """Threads per worker when no ``thread_budget`` is set: cores // num_workers, at least 1."""
+    return max(1, available_cores() // max(1, num_workers))
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ import torch
 
 import safeloader
 from safeloader import forkstate
+from safeloader._options import available_cores
 from safeloader.backends import threadpools
 
 from .subproc import check_python, run_python
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(120)]
 
-CORES = threadpools.available_cores()
+CORES = available_cores()
 
 # Shared by the child scripts: an OpenMP parallel region at libgomp's default
 # thread count, as a C extension built with -fopenmp runs it (torch's own ops

@@ -28,24 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import forkstate
+from .._options import default_thread_budget
 from .._registry import fork_context, register_at_fork
 
 NAME = "threadpools"
 
-__all__ = ["NAME", "available_cores", "default_budget", "register", "status"]
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity), not the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def default_budget(num_workers: int) -> int:
-    """Threads per worker when no ``thread_budget`` is set: cores // num_workers, at least 1."""
-    return max(1, available_cores() // max(1, num_workers))
+__all__ = ["NAME", "register", "status"]
 
 
 def _installed() -> bool:
@@ -103,7 +91,7 @@ def _before() -> None:
     context = fork_context()
     if context is None:
         return
-    budget = context.options.thread_budget or default_budget(context.num_workers)
+    budget = context.options.thread_budget or default_thread_budget(context.num_workers)
     state = forkstate.record()
     pinned_paths = frozenset(state.gomp_unsafe)
     torch_dir = _torch_dir()
