@@ -11,6 +11,7 @@ import torch.utils.data.dataloader
 from . import _registry
 from ._loader import SafeDataLoader, start_armed
 from ._torch_loader_pickling import reduce_torch_loader
+from .backends.pin_memory import remove_gate as remove_pin_memory_gate
 
 _TorchDataLoader = torch.utils.data.dataloader.DataLoader
 _saved: dict[str, Any] = {}
@@ -70,6 +71,7 @@ def uninstall() -> None:
         _TorchDataLoader.__reduce_ex__ = reduce_ex  # type: ignore[method-assign]
     torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
     torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
+    remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
     _registry.set_installed(False)
 
 

@@ -24,7 +24,16 @@ What it does not cover (see the README, "Threads at fork"): other native
 threads inside GIL-free code at the fork (the ``threadpools`` and ``zarrs``
 backends handle their pools; gloo's threads hold nothing a worker uses).
 The gate is installed when the first armed loader starts; a pin thread of a
-plain loader started earlier is gated from its next batch on.
+plain loader started earlier is gated from its next batch on. Two threads may
+fork workers at once (two loaders started from two threads): the gate counts
+its closers and reopens when the last fork is done.
+
+``safeloader.uninstall()`` removes the gate (``remove_gate()``), restoring
+torch's own function. Without ``install()``, the gate stays in place for the
+life of the process once a ``SafeDataLoader`` has started workers: a pin
+thread may be inside ``pin_memory()`` at any moment, and a gate installed
+only around each fork would not see a call already in progress. Call
+``remove_gate()`` to take it out; the next armed start puts it back.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ NAME = "pin_memory"
 WAIT_SECONDS = 30.0
 """How long a fork waits for pin-memory calls in progress; then it forks anyway, with a warning."""
 
-__all__ = ["NAME", "WAIT_SECONDS", "gated", "register", "status"]
+__all__ = ["NAME", "WAIT_SECONDS", "gated", "register", "remove_gate", "status"]
 
 
 class _Gate:
@@ -50,8 +59,14 @@ class _Gate:
     def __init__(self) -> None:
         self.condition = threading.Condition(threading.Lock())
         self.inside = 0
-        self.closed_by: int | None = None  # ident of the forking thread
+        # Forks under way, per forking thread (ident -> count): two loaders may
+        # start workers from two threads at once; the gate opens when both are done.
+        self.closers: dict[int, int] = {}
         self.local = threading.local()  # .depth: pin_memory() recurses into containers
+
+    def _held_for(self, me: int) -> bool:
+        # A forking thread's own calls pass: it never waits for itself.
+        return any(ident != me for ident in self.closers)
 
     def enter(self) -> bool:
         """Wait while a fork is under way; True if this call is counted (the outermost one)."""
@@ -59,7 +74,7 @@ class _Gate:
         if depth == 0:
             me = threading.get_ident()
             with self.condition:
-                while self.closed_by is not None and self.closed_by != me:
+                while self._held_for(me):
                     self.condition.wait()
                 self.inside += 1
         self.local.depth = depth + 1
@@ -75,16 +90,25 @@ class _Gate:
                 self.condition.notify_all()
 
     def close(self, timeout: float) -> bool:
-        """Stop new calls and wait for those in progress; False if they outlast ``timeout``."""
+        """Stop new calls and wait for those in progress; False if they outlast ``timeout``.
+        Each close must be followed by one ``open()`` from the same thread."""
         me = threading.get_ident()
         with self.condition:
-            self.closed_by = me
+            self.closers[me] = self.closers.get(me, 0) + 1
             mine = getattr(self.local, "depth", 0) > 0  # never wait for ourselves
             return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
 
     def open(self) -> None:
+        """Undo this thread's last ``close()``; a no-op for a thread that did not close."""
+        me = threading.get_ident()
         with self.condition:
-            self.closed_by = None
+            count = self.closers.get(me, 0)
+            if count == 0:
+                return
+            if count == 1:
+                del self.closers[me]
+            else:
+                self.closers[me] = count - 1
             self.condition.notify_all()
 
 
@@ -117,6 +141,18 @@ def _install_gate() -> None:
     pin_module.pin_memory = _gated_pin_memory
 
 
+def remove_gate() -> None:
+    """Give torch back its own pin_memory(); idempotent. Called by ``safeloader.uninstall()``.
+
+    Pin calls already waiting at the gate go on through torch's function. If
+    something else has wrapped the gate since, it is left in place (removing
+    it would drop that wrapper too), and goes on gating.
+    """
+    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    if module is not None and _original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
+        module.pin_memory = _original
+
+
 def prepare_start(loader: Any, start_method: str) -> None:
     """Install the gate before the first armed loader starts its workers (and its pin thread)."""
     if start_method == "fork" and not gated():
@@ -136,6 +172,7 @@ def _before() -> None:
 
 
 def _after_in_parent() -> None:
+    # Only this thread's own close: its `before` may have found no gate to close.
     _gate.open()
 
 
