@@ -169,7 +169,9 @@ class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
     ) -> None:
         # Validate our options now, not at the first fork.
         given = zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks))
-        get_options().replace(**{name: value for name, value in given if value is not DEFAULT})
+        checked = get_options().replace(**{name: value for name, value in given if value is not DEFAULT})
+        if disable_hooks is not DEFAULT:
+            _registry.check_hook_names(checked.disable_hooks)
         super().__init__(
             dataset,
             batch_size,

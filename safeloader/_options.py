@@ -86,5 +86,10 @@ def configure(**options: object) -> Options:
     """
     global _defaults
     previous = _defaults
-    _defaults = _defaults.replace(**options)
+    updated = _defaults.replace(**options)
+    if "disable_hooks" in options:
+        from ._registry import check_hook_names  # the registry imports this module
+
+        check_hook_names(updated.disable_hooks)
+    _defaults = updated
     return previous

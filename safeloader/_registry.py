@@ -216,11 +216,23 @@ def enable(hook_or_name: Hook | str) -> None:
         _disabled.discard(_lookup(hook_or_name))
 
 
+_NO_FORK = object()  # _local.pending outside the hooks of a fork
+
+
 def fork_context() -> ForkContext | None:
     """The worker fork being handled: in the parent while its hooks run; in a
-    worker, its own, for its whole life. None elsewhere."""
-    pending = getattr(_local, "pending", None)
-    return pending if pending is not None else _worker_context
+    worker, its own, for its whole life. None elsewhere, and around forks that
+    do not start a DataLoader worker (also inside a worker)."""
+    pending = getattr(_local, "pending", _NO_FORK)
+    return _worker_context if pending is _NO_FORK else pending
+
+
+def check_hook_names(names: Iterable[str]) -> None:
+    """Raise ValueError for names that no registered hook has (a typo would silently run the hook)."""
+    unknown = ", ".join(repr(name) for name in sorted(set(names) - set(_hooks)))
+    if unknown:
+        registered = ", ".join(_hooks)
+        raise ValueError(f"disable_hooks must name registered hooks ({registered}), got unknown {unknown}")
 
 
 def set_installed(installed: bool) -> None:
@@ -245,10 +257,12 @@ def _launching_worker() -> tuple[int, int] | None:
     """(worker_id, num_workers) if this fork launches a DataLoader worker.
 
     multiprocessing forks from ``Popen._launch(self, process_obj)``; the
-    Process still holds its target and arguments there.
+    Process still holds its target and arguments there. That frame is a few
+    levels up (here, _context_for_this_fork, _on_before, then os.fork's caller);
+    the walk is bounded so an unrelated deep stack costs nothing.
     """
-    frame = sys._getframe(2)  # 0: here, 1: the at-fork callback, 2: os.fork's caller
-    for _ in range(4):
+    frame = sys._getframe(1)
+    for _ in range(8):
         if frame is None:
             return None
         process = frame.f_locals.get("process_obj") if frame.f_code.co_name == "_launch" else None
@@ -325,10 +339,11 @@ def _on_before() -> None:
 
 def _on_after_in_parent() -> None:
     context = getattr(_local, "pending", None)
+    context = None if context is _NO_FORK else context
     try:
         errors = _run_phase("after_in_parent", context)
     finally:
-        _local.pending = None
+        _local.pending = _NO_FORK
         _local.parent_failed = False
     arming = getattr(_local, "arming", None)
     if context is not None and context._carrier and arming is not None:
@@ -340,7 +355,8 @@ def _on_after_in_parent() -> None:
 def _on_after_in_child() -> None:
     global _worker_context, _parent_failed_fork
     context = getattr(_local, "pending", None)
-    _local.pending = None
+    context = None if context is _NO_FORK else context
+    _local.pending = _NO_FORK
     _local.arming = None  # the child is not starting workers
     _child_failures.clear()
     _worker_context = context

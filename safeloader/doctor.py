@@ -42,7 +42,7 @@ HOOK_ACTIONS = {
     "torch": "a worker that touches CUDA/XPU initialised in the parent gets a clear error",
     "gc": "the parent's objects are frozen around forks (no copy-on-write by worker GCs)",
     "forkstate": "records the parent's threads and pools at each fork, for diagnostics",
-    "safeloader.watchdog": "names a worker that makes no progress for stall_timeout seconds, then stops the workers",
+    "watchdog": "names a worker that makes no progress for stall_timeout seconds, then stops the workers",
 }
 
 

@@ -276,18 +276,12 @@ def _instrument_fetchers() -> None:
     kind.create_fetcher = staticmethod(create_fetcher)
 
 
-def _enter_worker_at_fork() -> None:
-    # Runs first among after_in_child hooks, so a hang in a later hook or in
-    # worker_init_fn is diagnosed with stacks too.
+def enter_worker_at_fork() -> None:
+    """The "watchdog" hook's after_in_child (registered by ``safeloader.backends``)."""
     context = _registry.fork_context()
     watch = getattr(getattr(context.loader, "worker_init_fn", None), "watch", None) if context else None
     if isinstance(watch, Watch):
         watch.enter_worker(context.worker_id)
-
-
-HOOK = _registry.register_at_fork(
-    after_in_child=_enter_worker_at_fork, name="safeloader.watchdog", priority=1_000_000, replace=True
-)
 
 
 # -- the parent's side ---------------------------------------------------------------

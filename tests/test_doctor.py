@@ -50,7 +50,7 @@ def test_doctor_json_with_imports_lists_hooks_hazards_and_versions():
     assert report["start_method"]["safeloader"] == "fork"
     hooks = {hook["name"]: hook for hook in report["hooks"]}
     assert hooks["h5py"]["active"] is True  # --import h5py made it active
-    assert "safeloader.watchdog" in hooks
+    assert "watchdog" in hooks
     assert isinstance(report["live_at_fork"], list)
     assert report["options"]["stall_timeout"] is not None
 

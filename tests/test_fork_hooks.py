@@ -216,3 +216,31 @@ def test_user_worker_init_fn_runs_once_per_worker_after_seeding(tmp_path):
     assert all(r[0] == r[1] and r[2] == r[3] for r in rows)  # right id, torch already seeded
     pids = worker_pids(batches)
     assert {int(r[0]): int(r[4]) for r in rows} == pids
+
+
+def test_fork_context_is_none_around_a_plain_fork_inside_a_worker(tmp_path):
+    """An every_fork hook running around a worker's own fork sees no DataLoader fork."""
+    path = str(tmp_path / "seen")
+
+    def record() -> None:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {safeloader.fork_context() is None}\n")
+
+    safeloader.register_at_fork(before=record, name="t.every_before", every_fork=True)
+
+    class ForksInWorker(Dataset):
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, index: int) -> int:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            return os.getpid()
+
+    worker_pid = int(next(iter(DataLoader(ForksInWorker(), batch_size=None, num_workers=1))))
+    with open(path) as f:
+        seen = dict(line.split() for line in f)
+    assert seen[str(worker_pid)] == "True"  # the worker's own plain fork
+    assert seen[str(os.getpid())] == "False"  # the DataLoader fork in the parent

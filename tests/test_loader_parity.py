@@ -170,6 +170,7 @@ def test_iterable_dataset_argument_errors_are_torchs():
         (dict(thread_budget=-2), "thread_budget must be None or an int >= 1, got -2"),
         (dict(stall_timeout="soon"), "stall_timeout must be None or a number > 0"),
         (dict(disable_hooks="zarrs"), "disable_hooks must be an iterable"),
+        (dict(disable_hooks=["threadpool"]), r"registered hooks \(.*threadpools.*\), got unknown 'threadpool'"),
     ],
 )
 def test_bad_safeloader_options_fail_at_construction(kwargs, message):

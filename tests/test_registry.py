@@ -112,5 +112,7 @@ def test_options_validate_with_clear_messages():
         safeloader.configure(stall_timeout=-1)
     with pytest.raises(TypeError, match="unknown safeloader option"):
         safeloader.configure(zarr_mode="serial")
+    with pytest.raises(ValueError, match=r"got unknown 'zarr'"):
+        safeloader.configure(disable_hooks=["zarr"])
     previous = safeloader.configure(thread_budget=2)
     assert safeloader.get_options().thread_budget == 2 and previous.thread_budget is None

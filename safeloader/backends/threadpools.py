@@ -21,9 +21,11 @@ dependency: without it the hook is registered but inactive (``status()``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ NAME = "threadpools"
 __all__ = ["NAME", "register", "status"]
 
 
+@functools.cache
 def _installed() -> bool:
     return importlib.util.find_spec("threadpoolctl") is not None
 
@@ -61,7 +64,10 @@ class _Plan:
     """torch's OpenMP runtime was used by the parent: more than 1 thread would hang."""
 
 
-_plan: _Plan | None = None
+# The plan travels from the parent's `before` to the child in a thread-local:
+# two loaders starting workers from two threads at once must not swap plans,
+# and a forked child keeps the forking thread's thread-locals.
+_fork = threading.local()
 _controller: tuple[tuple[str, ...], Any] | None = None  # (loaded libraries, ThreadpoolController)
 
 
@@ -87,7 +93,6 @@ def _torch_dir() -> str | None:
 
 
 def _before() -> None:
-    global _plan
     context = fork_context()
     if context is None:
         return
@@ -108,12 +113,16 @@ def _before() -> None:
         # torch uses a shared OpenMP runtime (conda, system libgomp), or we
         # cannot tell which: any pinned runtime pins torch too.
         torch_pinned = True
-    _plan = _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
+    _fork.plan = _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
+
+
+def _after_in_parent() -> None:
+    _fork.plan = None
 
 
 def _after_in_child() -> None:
-    global _plan
-    plan, _plan = _plan, None
+    plan = getattr(_fork, "plan", None)
+    _fork.plan = None
     if plan is None:
         return
     for library, threads in plan.limits:
@@ -219,4 +228,11 @@ def register() -> None:
     # Without threadpoolctl the hook stays listed but inactive (Hook.active is
     # False) until threadpoolctl is imported, which means it got installed.
     requires = () if _installed() else ("threadpoolctl",)
-    register_at_fork(name=NAME, before=_before, after_in_child=_after_in_child, requires=requires, replace=True)
+    register_at_fork(
+        name=NAME,
+        before=_before,
+        after_in_parent=_after_in_parent,
+        after_in_child=_after_in_child,
+        requires=requires,
+        replace=True,
+    )
