@@ -8,7 +8,7 @@ export SAFELOADER_REQUIRE_NATIVE ?= 1
 
 .PHONY: demo test bench setup clean
 
-$(VENV)/.installed: pyproject.toml setup.py constraints.txt csrc/_native.c
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench]'

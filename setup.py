@@ -14,25 +14,28 @@ from setuptools.command.build_ext import build_ext
 REQUIRED = os.environ.get("SAFELOADER_REQUIRE_NATIVE") == "1"
 
 
+def _optional(step):
+    """Run a build step; without SAFELOADER_REQUIRE_NATIVE=1 a failure only warns."""
+    try:
+        step()
+    except Exception as exc:
+        if REQUIRED:
+            raise
+        warnings.warn(f"safeloader: C extension not built ({exc}); using the pure-Python fallback", stacklevel=1)
+
+
 class OptionalBuildExt(build_ext):
+    # run() fails early when no compiler exists; build_extension() when one source does not compile.
     def run(self):
-        try:
-            super().run()
-        except Exception as exc:
-            if REQUIRED:
-                raise
-            warnings.warn(f"safeloader: C extension not built ({exc}); using the pure-Python fallback", stacklevel=1)
+        _optional(super().run)
 
     def build_extension(self, ext):
-        try:
-            super().build_extension(ext)
-        except Exception as exc:
-            if REQUIRED:
-                raise
-            warnings.warn(f"safeloader: C extension not built ({exc}); using the pure-Python fallback", stacklevel=1)
+        _optional(lambda: super(OptionalBuildExt, self).build_extension(ext))
 
 
 setup(
-    ext_modules=[Extension("safeloader._native", ["csrc/_native.c", "csrc/backtrace.c"], extra_compile_args=["-O2", "-Wall"])],
+    ext_modules=[
+        Extension("safeloader._native", ["csrc/_native.c", "csrc/backtrace.c"], extra_compile_args=["-O2", "-Wall"])
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )
