@@ -16,7 +16,9 @@ from .common import RESULTS
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller data and 3 rounds: minutes on 2 cores")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller data and 3 rounds: minutes on 2 cores")
+    size.add_argument("--tiny", action="store_true", help="toy data, to check the harness itself")
     parser.add_argument("--repeats", type=int, help="rounds per contender (default 3 quick, 7 full)")
     parser.add_argument("--only", nargs="*", help="run only scenarios whose name contains one of these")
     parser.add_argument("--output", default=str(RESULTS / "suite.json"), help="where to write the JSON")
@@ -31,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .suite import run_suite
 
-    repeats = args.repeats or (3 if args.quick else 7)
-    result = run_suite(args.quick, repeats, args.only)
+    scale = "tiny" if args.tiny else "quick" if args.quick else "full"
+    repeats = args.repeats or (7 if scale == "full" else 3)
+    result = run_suite(scale, repeats, args.only)
     RESULTS.mkdir(exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(result, f, indent=2)

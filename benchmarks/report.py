@@ -36,8 +36,9 @@ def markdown(result: dict) -> str:
         lines.append("")
     machine = result["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
-    lines.append(f"{machine['cores']} cores, {versions}; {machine['date']}; "
-                 f"{result['config']['repeats']} rounds{' (--quick)' if result['config']['quick'] else ''}.")
+    config = result["config"]
+    lines.append(f"{machine['cores']} cores, {versions}; {machine['date']}; {config['repeats']} rounds, "
+                 f"{config['scale']} sizes.")
     return "\n".join(lines)
 
 

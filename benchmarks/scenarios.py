@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 import safeloader
 
@@ -34,29 +34,32 @@ PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 # -- data ----------------------------------------------------------------------
 
 
-def sizes(quick: bool) -> dict[str, int]:
-    return {
-        "zarr_rows": 1024 if quick else 2048,  # x 1024 float32 columns: 4 or 8 MB raw per 1024 rows
-        "file_items": 1000 if quick else 3000,
-        "blas_items": 64 if quick else 192,
-        "objects": 1_000_000 if quick else 3_000_000,
-    }
+SCALES = {
+    # zarr_rows x 1024 float32 columns (4 MB raw per 1024 rows), read 64 rows (4 chunks) per item
+    "tiny": {"zarr_rows": 256, "file_items": 200, "blas_items": 8, "objects": 50_000},
+    "quick": {"zarr_rows": 8192, "file_items": 1000, "blas_items": 64, "objects": 1_000_000},
+    "full": {"zarr_rows": 16384, "file_items": 3000, "blas_items": 192, "objects": 3_000_000},
+}
 
 
-def make_data(directory: Path, quick: bool) -> dict[str, Any]:
+def sizes(scale: str) -> dict[str, int]:
+    return SCALES[scale]
+
+
+def make_data(directory: Path, scale: str) -> dict[str, Any]:
     """Write every scenario's files once; returns the params children get."""
     import h5py
     import zarr
     import zarrs  # noqa: F401
     from zarr.codecs import BloscCodec
 
-    n = sizes(quick)
+    n = sizes(scale)
     rng = np.random.default_rng(0)
     # Smooth data compresses like real images do, so decoding dominates the read.
     rows = n["zarr_rows"]
     base = np.cumsum(rng.normal(size=(rows, 1024)).astype(np.float32), axis=1)
     with zarr.config.set({"codec_pipeline.path": ZARRS_PIPELINE}):
-        array = zarr.create_array(directory / "data.zarr", shape=base.shape, chunks=(32, 256), dtype="f4",
+        array = zarr.create_array(directory / "data.zarr", shape=base.shape, chunks=(64, 256), dtype="f4",
                                   compressors=BloscCodec(cname="zstd", clevel=5), overwrite=True)
         array[:] = base
     records = rng.integers(0, 256, (n["file_items"], 512), dtype=np.uint8)
@@ -142,26 +145,36 @@ def startup(kind: str, workers: int) -> Callable[[dict], Measure]:
 
 
 class ZarrRows(Dataset):
-    """Blocks of 32 rows (one chunk row, 4 chunks) of an array opened in __init__."""
+    """Blocks of 64 rows (one chunk row: 4 compressed chunks) of a zarr array.
 
-    def __init__(self, path: str, pipeline: str = ZARRS_PIPELINE) -> None:
+    Opened in __init__ as users write it; ``open_in_parent=False`` opens it
+    lazily in each process instead (the parent then never creates zarrs' pool).
+    """
+
+    def __init__(self, path: str, rows: int, pipeline: str = ZARRS_PIPELINE, open_in_parent: bool = True) -> None:
+        self.path, self.rows, self.pipeline = path, rows, pipeline
+        self.array, self.pid = (self.open(), os.getpid()) if open_in_parent else (None, None)
+
+    def open(self) -> Any:
         import zarr
 
-        with zarr.config.set({"codec_pipeline.path": pipeline}):
-            self.array = zarr.open_array(path, mode="r")
+        with zarr.config.set({"codec_pipeline.path": self.pipeline}):
+            return zarr.open_array(self.path, mode="r")
 
     def __len__(self) -> int:
-        return self.array.shape[0] // 32
+        return self.rows // 64
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(self.array[index * 32:(index + 1) * 32])
+        if self.array is None:
+            self.array, self.pid = self.open(), os.getpid()
+        return torch.from_numpy(self.array[index * 64:(index + 1) * 64])
 
 
 def zarr_contender(kind: str, parent_reads: bool = True, pipeline: str = ZARRS_PIPELINE) -> Callable[[dict], Measure]:
     def setup(params: dict) -> Measure:
-        dataset = ZarrRows(params["zarr"], pipeline)
+        dataset = ZarrRows(params["zarr"], params["zarr_rows"], pipeline, open_in_parent=parent_reads)
         if parent_reads:
-            dataset.array[0:64]  # a sanity read in the parent: arms the zarrs deadlock
+            dataset[0]  # a sanity read in the parent: arms the zarrs deadlock
         build = loader_kinds()[kind]
         return lambda: epoch(build, dataset, params["zarr_checksum"], batch_size=4, num_workers=2)
 
@@ -264,20 +277,27 @@ def blas_contender(kind: str) -> Callable[[dict], Measure]:
 
 
 class ManyObjects(Dataset):
-    """Millions of small Python objects: forked workers copy the pages GC touches."""
+    """Millions of small Python objects: forked workers copy the pages their GC writes to.
+
+    Each worker runs one full collection at its first item, as a long-running
+    worker eventually does (or as libraries calling ``gc.collect()`` do).
+    """
 
     def __init__(self, count: int) -> None:
         self.items = [{"id": i, "label": str(i % 1000), "box": [i, i + 1.0]} for i in range(count)]
+        self.collected_in: int | None = os.getpid()
 
     def __len__(self) -> int:
         return 512
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        # Touch a stride of objects, as a real __getitem__ touches its records,
-        # and allocate, so that the worker's garbage collector runs.
-        scratch = [[j] for j in range(200)]
+        if self.collected_in != os.getpid():
+            import gc
+
+            gc.collect()
+            self.collected_in = os.getpid()
         item = self.items[(index * 7919) % len(self.items)]
-        return torch.tensor(item["id"] + len(scratch))
+        return torch.tensor(item["id"])
 
 
 def memory_contender(kind: str, **loader_kwargs: Any) -> Callable[[dict], Measure]:
@@ -318,7 +338,7 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
         }
     table["zarr via zarrs, parent read first"] = {
         "torch fork": zarr_contender("torch fork"),
-        "torch fork, parent did not read": zarr_contender("torch fork", parent_reads=False),
+        "torch fork, parent never opened it": zarr_contender("torch fork", parent_reads=False),
         **{kind: zarr_contender(kind) for kind in (*SLOW_STARTS, "num_workers=0")},
         "zarr-python pipeline, fork": zarr_contender("torch fork", pipeline=PYTHON_PIPELINE),
         "safeloader": zarr_contender("safeloader"),
@@ -331,7 +351,7 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
             "safeloader": file_contender(fmt, "safeloader"),
         }
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
-    table["worker memory, many objects"] = {
+    table["worker memory, many objects, one gc.collect()"] = {
         "torch fork": memory_contender("torch fork"),
         "spawn": memory_contender("spawn"),
         "safeloader, freeze_gc=False": memory_contender("safeloader", freeze_gc=False),

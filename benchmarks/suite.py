@@ -144,7 +144,7 @@ def run_scenario(name: str, contenders: list[str], params_path: str, repeats: in
     return results
 
 
-def run_suite(quick: bool, repeats: int, only: list[str] | None = None) -> dict:
+def run_suite(scale: str, repeats: int, only: list[str] | None = None) -> dict:
     from . import common, scenarios
 
     table = scenarios.scenarios()
@@ -159,14 +159,14 @@ def run_suite(quick: bool, repeats: int, only: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="safeloader-bench-") as directory:
         print("writing data...", file=sys.stderr, flush=True)
-        params = scenarios.make_data(Path(directory), quick)
+        params = scenarios.make_data(Path(directory), scale)
         params_path = os.path.join(directory, "params.json")
         Path(params_path).write_text(json.dumps(params))
         results = {name: run_scenario(name, list(table[name]), params_path, repeats, progress) for name in names}
     print(file=sys.stderr)
     return {
         "machine": common.machine(),
-        "config": {"quick": quick, "repeats": repeats, "sizes": scenarios.sizes(quick)},
+        "config": {"scale": scale, "repeats": repeats, "sizes": scenarios.sizes(scale)},
         "elapsed_s": time.monotonic() - started,
         "scenarios": results,
     }
