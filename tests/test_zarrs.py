@@ -14,6 +14,8 @@ import json
 import os
 import re
 import sys
+import threading
+import types
 import warnings
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from torch.utils.data import Dataset
 
 import safeloader
 from safeloader import DataLoader, HookError
-from safeloader._options import ZARRS_MODES
+from safeloader._options import ZARRS_MODES, default_thread_budget
 from safeloader.backends import zarrs as backend
 from safeloader.backends import zarrs_layout, zarrs_native
 from safeloader.native import thread_census
@@ -300,7 +302,7 @@ def test_pool_mode_runs_its_own_budgeted_rust_pool_others_start_no_native_thread
 
 def test_default_thread_budget_shares_the_cores_among_workers():
     cores = len(os.sched_getaffinity(0))
-    assert backend.thread_budget(2, None) == max(1, cores // 2)
+    assert backend.thread_budget(2, None) == default_thread_budget(2) == max(1, cores // 2)
     assert backend.thread_budget(4 * cores, None) == 1
     assert backend.thread_budget(2, 5) == 5
 
@@ -329,6 +331,127 @@ def test_the_parent_finds_every_binding_a_worker_must_move_to_its_copy():
     assert all(
         getattr(sys.modules[module], attribute) is getattr(internal, name) for module, attribute, name in bindings
     )
+
+
+# -- zarrs modules imported late, loaders started from several threads ---------------------
+
+LATE_SUBMODULE = """
+import os, sys, tempfile
+import numpy as np
+import torch
+import zarr
+import zarrs
+import safeloader
+
+zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
+# A zarrs submodule that is not loaded yet (zarrs 0.2.3 imports all of its own
+# with the package): it binds an object of zarrs._internal when imported.
+extra = tempfile.mkdtemp()
+with open(os.path.join(extra, "_late.py"), "w") as module:
+    module.write(
+        "from ._internal import ChunkItem\\n"
+        "def first_chunk():\\n"
+        "    whole = [slice(0, 64), slice(0, 64)]\\n"
+        "    return ChunkItem(key='c/0/0', chunk_subset=whole, chunk_shape=[64, 64], subset=whole, shape=[64, 64])\\n"
+    )
+zarrs.__path__.append(extra)
+
+class Reads(torch.utils.data.Dataset):
+    # Item: a window read by zarr, and the first chunk read through zarrs._late if loaded.
+    def __init__(self):
+        self.array = zarr.open_array({path!r}, mode="r")
+    def __len__(self):
+        return 4
+    def __getitem__(self, index):
+        window = torch.from_numpy(self.array[index * 40 : index * 40 + 90, 30:200])
+        late = sys.modules.get("zarrs._late")
+        if late is None:
+            return window, None
+        chunk = np.empty((64, 64), dtype=np.float32)
+        self.array._async_array.codec_pipeline.impl.retrieve_chunks_and_apply_index([late.first_chunk()], chunk)
+        return window, torch.from_numpy(chunk)
+
+dataset = Reads()
+reference = dataset.array[:]  # the parent decodes with zarrs: workers need their own pool
+def check(loader, late):
+    for index, (window, chunk) in enumerate(loader):
+        assert np.array_equal(window.numpy(), reference[index * 40 : index * 40 + 90, 30:200]), index
+        assert (chunk is None) == (not late)
+        assert late is False or np.array_equal(chunk.numpy(), reference[:64, :64]), index
+check(safeloader.DataLoader(dataset, batch_size=None, num_workers=2, timeout=30), late=False)
+import zarrs._late  # after the first loader start
+check(safeloader.DataLoader(dataset, batch_size=None, num_workers=2, timeout=30), late=True)
+print("both loaders read exactly", flush=True)
+"""
+
+
+def test_zarrs_submodule_imported_after_the_first_loader_start_moves_to_the_worker_copy(arrays):
+    # Found only once, its ChunkItem stayed the parent module's in the workers:
+    # "TypeError: argument 'chunk_descriptions': 'ChunkItem' object cannot be cast as 'ChunkItem'".
+    result = check_python(LATE_SUBMODULE.format(path=arrays["plain"]), timeout=90)
+    assert "both loaders read exactly" in result.stdout
+
+
+def test_bindings_are_found_again_only_when_zarrs_modules_change(monkeypatch):
+    internal = sys.modules["zarrs._internal"]
+    searches = []
+    find = zarrs_native.find_bindings
+    monkeypatch.setattr(zarrs_native, "find_bindings", lambda module: searches.append(module) or find(module))
+    first = backend.current_bindings()
+    assert [backend.current_bindings() for _ in range(3)] == [first] * 3
+    import json.tool  # noqa: F401  (an import of a module that is not zarrs': checked, not searched again)
+
+    assert backend.current_bindings() == first
+    assert len(searches) <= 1  # the first call searches if the test process imported since the last one
+
+    late = types.ModuleType("zarrs._safeloader_probe")
+    late.ChunkItem = internal.ChunkItem
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    searched = len(searches)
+    assert set(backend.current_bindings()) == {*first, (late.__name__, "ChunkItem", "ChunkItem")}
+    assert len(searches) == searched + 1
+    monkeypatch.delitem(sys.modules, late.__name__)
+    assert backend.current_bindings() == first
+
+
+class ModeOfWorker(Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int):
+        return backend.worker_mode()
+
+
+def test_loaders_starting_workers_in_two_threads_at_once_keep_their_own_modes(arrays, clean_registry):
+    parent_decodes(arrays["plain"])
+    loaders = {
+        mode: DataLoader(ModeOfWorker(), batch_size=None, num_workers=1, zarrs_mode=mode, timeout=LOADER_TIMEOUT)
+        for mode in ("serial", "python")
+    }
+    both_decided = threading.Barrier(len(loaders), timeout=30)
+
+    def after_zarrs_decided() -> None:
+        # Runs after the zarrs hook's `before` (highest priority: last in that phase);
+        # each thread waits until the other thread's zarrs hook decided too, then forks.
+        context = safeloader.fork_context()
+        if context is not None and any(context.loader is loader for loader in loaders.values()):
+            both_decided.wait()
+
+    safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", priority=1000)
+    seen: dict[str, object] = {}
+
+    def run(mode: str) -> None:
+        try:
+            seen[mode] = list(loaders[mode])
+        except Exception as exc:
+            seen[mode] = exc
+
+    threads = [threading.Thread(target=run, args=(mode,)) for mode in loaders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert seen == {"serial": ["serial", "serial"], "python": ["python", "python"]}
 
 
 def run_collecting_warnings(loader) -> tuple[list, list[warnings.WarningMessage]]:

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
+from types import ModuleType
 
-from .._options import ZARRS_MODES
+from .._options import ZARRS_MODES, default_thread_budget
 from .._registry import fork_context, register_at_fork
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from .zarrs_layout import SUPPORTED_VERSIONS
@@ -51,11 +53,29 @@ class Plan:
     bindings: tuple[zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
 
 
-_plan: Plan | None = None
+# Per fork: two threads may start workers at once, and their hooks interleave
+# between bytecodes before os.fork. A forked child inherits the forking thread's
+# thread-locals, so its Plan arrives with it.
+_local = threading.local()  # .plan: the Plan of the worker this thread is forking
+
+# Per process, filled in the parent under _setup_lock (checks once, one memfd):
+_setup_lock = threading.Lock()
 _copy_fd: int | None = None  # this process's memfd copy of zarrs' extension, made once
 _source: str | None = None  # the extension's file, kept for workers whose own module is a copy
 _resolved: dict[str, str] = {}  # requested mode -> mode in force (checks run once per process)
-_bindings: tuple[zarrs_native.Binding, ...] = ()  # found with the pool-mode checks
+_bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
+_bindings_key: frozenset[tuple[str, ModuleType]] | None = None
+_modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was last checked
+
+
+def _new_setup_lock_in_child() -> None:
+    # Another thread of the parent may have held the lock at the fork; the child
+    # has no such thread, and a loader started in it must not wait forever.
+    global _setup_lock
+    _setup_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_setup_lock_in_child)
 
 
 def register() -> None:
@@ -73,6 +93,11 @@ def resolve_mode(requested: str) -> str:
 
     Warns once per process on a fallback; raises if no mode can be set up.
     """
+    with _setup_lock:
+        return _resolve_mode_locked(requested)
+
+
+def _resolve_mode_locked(requested: str) -> str:
     if requested in _resolved:
         return _resolved[requested]
     if requested not in ZARRS_MODES:
@@ -96,7 +121,7 @@ def resolve_mode(requested: str) -> str:
             f"safeloader: DataLoader workers decode zarrs arrays with zarrs_mode={mode!r} instead of "
             f"{requested!r}: " + "; ".join(problems) + f". Supported: {_supported_text()}.",
             ZarrsFallbackWarning,
-            stacklevel=2,
+            stacklevel=3,  # the caller of resolve_mode
         )
     _resolved[requested] = mode
     return mode
@@ -104,9 +129,7 @@ def resolve_mode(requested: str) -> str:
 
 def thread_budget(num_workers: int, budget: int | None) -> int:
     """rayon threads per worker: ``budget``, or the cores shared out among the workers."""
-    if budget is not None:
-        return budget
-    return max(1, len(os.sched_getaffinity(0)) // max(1, num_workers))
+    return budget if budget is not None else default_thread_budget(num_workers)
 
 
 def _supported_text() -> str:
@@ -116,13 +139,11 @@ def _supported_text() -> str:
 
 def _ensure_copy() -> str | None:
     """Make this process's memfd copy of the extension once; why it failed, or None."""
-    global _copy_fd, _source, _bindings
+    global _copy_fd, _source
     if _copy_fd is not None:
         return None
-    internal = sys.modules[zarrs_native.INTERNAL]
     if _source is None:
-        _source = internal.__file__
-    _bindings = zarrs_native.find_bindings(internal)
+        _source = sys.modules[zarrs_native.INTERNAL].__file__
     try:
         _copy_fd = zarrs_native.make_copy(_source)
     except OSError as exc:
@@ -130,26 +151,65 @@ def _ensure_copy() -> str | None:
     return None
 
 
+def current_bindings() -> tuple[zarrs_native.Binding, ...]:
+    """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, as the worker must move them.
+
+    Found again when the loaded ``zarrs`` modules changed since the last call
+    (a submodule imported after the first loader start binds its own objects).
+    Per fork this costs O(1) while nothing was imported: the pass over
+    ``sys.modules`` (~0.1 ms with torch loaded) runs only after an import.
+    """
+    global _bindings, _bindings_key, _modules_seen
+    seen = _sys_modules_state()
+    with _setup_lock:
+        if seen == _modules_seen:
+            return _bindings
+        key = _loaded_zarrs_modules()
+        if key != _bindings_key:
+            _bindings = zarrs_native.find_bindings(sys.modules[zarrs_native.INTERNAL])
+            _bindings_key = key
+        _modules_seen = seen  # taken before the pass: an import during it is seen next time
+        return _bindings
+
+
+def _sys_modules_state() -> tuple[int, str, object]:
+    """Changes with every import: a new name (or a name deleted and imported
+    again) enters ``sys.modules`` last, a dict keeping insertion order."""
+    last = next(reversed(sys.modules))
+    return len(sys.modules), last, sys.modules.get(last)
+
+
+def _loaded_zarrs_modules() -> frozenset[tuple[str, ModuleType]]:
+    # The module objects count too: a module imported again (or the worker's own
+    # _internal) is a new object under the same name. list(): atomic under the GIL.
+    return frozenset(
+        (name, module)
+        for name, module in list(sys.modules.items())
+        if (name == "zarrs" or name.startswith("zarrs.")) and module is not None
+    )
+
+
 def _before() -> None:
-    global _plan
     context = fork_context()
     if context is None:  # only armed worker forks run this hook
         return
     mode = resolve_mode(context.options.zarrs_mode)
     threads = thread_budget(context.num_workers, context.options.thread_budget)
-    _plan = Plan(mode, threads, _copy_fd, _bindings) if mode == "pool" else Plan(mode, threads, None)
+    pool = mode == "pool"
+    _local.plan = Plan(mode, threads, _copy_fd, current_bindings()) if pool else Plan(mode, threads, None)
 
 
 def _after_in_parent() -> None:
-    global _plan
-    _plan = None
+    _local.plan = None
 
 
 def _after_in_child() -> None:
-    global _plan, _copy_fd
-    plan, _plan = _plan, None
+    global _copy_fd, _modules_seen
+    plan = getattr(_local, "plan", None)
+    _local.plan = None
     inherited_fd, _copy_fd = _copy_fd, None  # a loader inside this worker makes its own copy...
-    _resolved.clear()  # ...and checks its own module layout
+    _resolved.clear()  # ...checks its own module layout...
+    _modules_seen = None  # ...and finds its bindings again (installing the copy imports nothing)
     if plan is None:
         return
     mode = plan.mode
