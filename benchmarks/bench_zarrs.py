@@ -249,8 +249,9 @@ copy_ms = (time.perf_counter() - start) * 1e3
 backend.resolve_mode("pool")  # the parent's one-off checks and copy, as in the first fork
 
 def in_child(mode):
-    plan = backend.Plan(mode, 1, backend._copy_fd, backend._bindings) if mode == "pool" else backend.Plan(mode, 1, None)
-    backend._plan = plan
+    pool = mode == "pool"
+    plan = backend.Plan(mode, 1, backend._copy_fd, backend.current_bindings()) if pool else backend.Plan(mode, 1, None)
+    backend._local.plan = plan
     start = time.perf_counter()
     backend._after_in_child()  # what the hook does at worker start
     setup = time.perf_counter() - start
