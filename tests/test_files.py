@@ -5,10 +5,12 @@ Also holds the random-read harness the npz and h5py tests share.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import pickle
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import torch
 from torch.utils.data import Dataset, RandomSampler
 
 import safeloader
-from safeloader import DataLoader, HookError
+from safeloader import DataLoader
 from safeloader.backends import files as files_backend
 
 from .subproc import run_python
@@ -223,26 +225,78 @@ def test_deleted_and_moved_files_still_read_the_parents_file(tmp_path):
     check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
 
 
-def test_failed_reopen_is_an_error_naming_path_and_worker(tmp_path, monkeypatch):
+class RecordsWithConfig(Records):
+    """Records, plus a file the process holds open read-only but the Dataset never reads
+    (a library's config or log): the kind of descriptor whose reopen may fail."""
+
+    def __init__(self, binary: str, text: str, config: str) -> None:
+        super().__init__(binary, text)
+        self.config = open(config, "rb")
+        self.config_again = open(config, "rb")  # two descriptors, one path: one warning
+
+    def __getitem__(self, i: int):
+        index, values = super().__getitem__(i)
+        config_readable = os.pread(self.config.fileno(), 100, 0) == os.pread(self.config_again.fileno(), 100, 0) != b""
+        return index, values, "\n".join(_worker_warnings), config_readable
+
+
+_worker_warnings: list[str] = []  # in a worker: the SharedFileWarnings the "files" hook gave
+
+
+def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
+    """Make the "files" hook's reopen of ``fds`` fail in each worker with errno ``code``,
+    and record the worker's warnings: a child hook that runs before "files" (priority 50)."""
+
+    def refuse() -> None:
+        real_open = os.open
+        refused = {f"/proc/self/fd/{fd}" for fd in fds}
+
+        def open_refusing(path, *args, **kwargs):
+            if str(path) in refused:
+                raise OSError(code, os.strerror(code))
+            return real_open(path, *args, **kwargs)
+
+        os.open = open_refusing  # in this worker only: its own copy of the os module
+        warnings.simplefilter("always")
+
+        def record(message, category, *args, **kwargs):  # as text, for the Dataset to return
+            _worker_warnings.append(f"{category.__name__}: {message}")
+
+        warnings.showwarning = record
+
+    safeloader.register_at_fork(after_in_child=refuse, name="test-refuse-reopen", priority=100)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.ESTALE], ids=["EACCES", "ESTALE"])
+def test_failed_reopen_leaves_the_descriptor_shared_with_one_warning_per_worker(tmp_path, code):
     binary, text, _ = write_records(tmp_path)
-    dataset = Records(str(binary), str(text))
-    real_open = os.open
-
-    def refuse_reopen(path, *args, **kwargs):  # inherited by the forked workers
-        if str(path).startswith("/proc/self/fd/"):
-            raise PermissionError(13, "Permission denied")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", refuse_reopen)
-    iterator = iter(DataLoader(dataset, num_workers=2))
+    config = tmp_path / "library.cfg"
+    config.write_bytes(b"level = 3\n")
+    dataset = RecordsWithConfig(str(binary), str(text), str(config))
+    refuse_reopen_in_workers([dataset.config.fileno(), dataset.config_again.fileno()], code)
+    expected = direct_records(binary)
+    loader = DataLoader(dataset, batch_size=8, sampler=RandomSampler(dataset), num_workers=2)
+    seen: dict[int, set[str]] = {}
+    iterator = iter(loader)
     try:
-        with pytest.raises(HookError) as raised:
-            next(iterator)
+        for index, values, messages, config_readable in iterator:  # one epoch; torch's loader would work too
+            want = torch.from_numpy(expected[index.numpy()])
+            assert (values == want).all(), "the other files were not given their own offsets"
+            assert config_readable.all(), "the refused descriptors no longer read the file"
+            for message in messages:
+                found = message.split("\n")
+                assert len(found) == 1, found  # once per path, though two descriptors of it were refused
+                worker = int(found[0].split("DataLoader worker ")[1].split(" ")[0])
+                seen.setdefault(worker, set()).update(found)
     finally:
         iterator._shutdown_workers()
-    message = str(raised.value)
-    assert "'files'" in message and "DataLoader worker" in message
-    assert str(binary) in message or str(text) in message
+    assert set(seen) == {0, 1}, seen
+    for worker, found in seen.items():
+        (message,) = found
+        assert message.startswith("SharedFileWarning: ")
+        assert f"DataLoader worker {worker} " in message and repr(str(config)) in message
+        assert f"[Errno {code}]" in message and "shared" in message and "as with torch" in message
+    assert issubclass(files_backend.SharedFileWarning, RuntimeWarning)
 
 
 class LockHolder(Dataset):

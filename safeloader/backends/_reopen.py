@@ -11,9 +11,12 @@ under the same descriptor number, so every object holding that descriptor
 (Python file objects, an ``NpzFile``, HDF5's driver) keeps working unchanged.
 The reopen goes through ``/proc/self/fd/N``, so it reaches the very file the
 parent opened even if it was since moved or deleted; the parent's own
-descriptors are not touched. The offset is read in the worker right after the
-fork: another parent thread reading the same handle at that instant could move
-it first (such a thread already races with the parent's own reads).
+descriptors are not touched. The offset is read in the worker right after
+the fork: another parent thread reading the same handle at that instant could
+move it first (such a thread already races with the parent's own reads). If
+the reopen fails (permissions changed since, a stale NFS handle...),
+``privatize_or_share`` leaves that descriptor shared, as torch does, with a
+``SharedFileWarning`` once per path.
 
 Spawn/forkserver. Handles cannot be pickled; the backends register reductions
 that pickle them by path and reopen in the worker. They are active only while
@@ -144,33 +147,33 @@ def private_fds() -> set[int]:
     return _private[1] if _private[0] == os.getpid() else set()
 
 
-def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = True) -> None:
-    """Replace ``entry.fd`` in this (child) process with a fresh open file
-    description of the same file, at the same offset, with the same flags.
+class SharedFileWarning(RuntimeWarning):
+    """A DataLoader worker could not get its own description of an inherited
+    file: it reads through the parent's, with the offset shared, as under torch."""
 
-    ``read_only=True`` opens the new description read-only whatever the old
-    access mode: a worker can then read, but not write, a file the parent
-    holds writable. Raises OSError naming the path and the worker.
-    """
+
+# Paths this process warned about; a fork starts a fresh set (a worker warns once per path).
+_warned: tuple[int, set[str]] = (-1, set())
+
+
+def _where(worker_id: int | None) -> str:
+    return f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
+
+
+def _open_fresh(entry: InheritedFd, read_only: bool) -> tuple[int, int]:
+    """(a fresh descriptor of ``entry``'s file, the inherited offset); raises OSError."""
+    access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
+    flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
+    offset = os.lseek(entry.fd, 0, os.SEEK_CUR)
+    return os.open(f"{_PROC_FD}/{entry.fd}", flags), offset
+
+
+def _install_fresh(fd: int, fresh: int, offset: int) -> None:
+    """Put ``fresh`` under the number ``fd``, at ``offset``."""
     global _private
     pid = os.getpid()
     if _private[0] != pid:
         _private = (pid, set())
-    fd = entry.fd
-    access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
-    flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
-    try:
-        offset = os.lseek(fd, 0, os.SEEK_CUR)
-        fresh = os.open(f"{_PROC_FD}/{fd}", flags)
-    except OSError as exc:
-        path = entry.path
-        where = f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
-        raise type(exc)(
-            exc.errno,
-            f"safeloader could not give {where} its own handle on {path!r} (descriptor {fd}) "
-            f"inherited from the parent: {exc.strerror}. Open the file in the worker instead "
-            f"(e.g. lazily on first use), or pass disable_hooks=('files',) to share the parent's handle",
-        ) from exc
     try:
         if offset:
             os.lseek(fresh, offset, os.SEEK_SET)
@@ -178,6 +181,64 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
     finally:
         os.close(fresh)
     _private[1].add(fd)
+
+
+def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = True) -> None:
+    """Replace ``entry.fd`` in this (child) process with a fresh open file
+    description of the same file, at the same offset, with the same flags.
+
+    ``read_only=True`` opens the new description read-only whatever the old
+    access mode: a worker can then read, but not write, a file the parent
+    holds writable. Raises OSError naming the path and the worker (the h5py
+    backend relies on it: a worker must not keep a writable descriptor of a
+    file it was meant to be unable to write). See ``privatize_or_share``.
+    """
+    try:
+        fresh, offset = _open_fresh(entry, read_only)
+    except OSError as exc:
+        raise type(exc)(
+            exc.errno,
+            f"safeloader could not give {_where(worker_id)} its own handle on {entry.path!r} "
+            f"(descriptor {entry.fd}) inherited from the parent: {exc.strerror}. Open the file in the worker "
+            f"instead (e.g. lazily on first use), or pass disable_hooks=('files',) to share the parent's handle",
+        ) from exc
+    _install_fresh(entry.fd, fresh, offset)
+
+
+def privatize_or_share(entry: InheritedFd, worker_id: int | None) -> bool:
+    """Like ``privatize`` (read-only), but if the file cannot be reopened, leave
+    the descriptor shared with the parent, as torch's DataLoader does, and warn
+    once per path in this process (``SharedFileWarning``). True if privatized.
+
+    The reopen can fail for reasons the program does not control (permissions
+    changed since the parent opened the file, a stale NFS handle, a file that
+    vanished, a device-backed path): most inherited descriptors are not the
+    Dataset's (library logs, configs), and failing the worker would be worse
+    than torch, which shares them all.
+    """
+    global _warned
+    try:
+        fresh, offset = _open_fresh(entry, read_only=True)
+    except OSError as exc:
+        path = entry.path
+        pid = os.getpid()
+        if _warned[0] != pid:
+            _warned = (pid, set())
+        if path not in _warned[1]:
+            _warned[1].add(path)
+            import warnings
+
+            warnings.warn(
+                f"safeloader: {_where(worker_id)} could not reopen {path!r} (descriptor {entry.fd}) "
+                f"for its own file offset: [Errno {exc.errno}] {exc.strerror}. Reads through this descriptor are "
+                "shared with the parent and the other workers, as with torch's DataLoader; open the file in the "
+                "worker (e.g. lazily on first use) if the Dataset reads it",
+                SharedFileWarning,
+                stacklevel=2,
+            )
+        return False
+    _install_fresh(entry.fd, fresh, offset)
+    return True
 
 
 def worker_id() -> int | None:

@@ -9,6 +9,13 @@ descriptors and C libraries' ``FILE*``. Skipped: descriptors open for writing,
 non-regular files (pipes, sockets, devices), files under /proc, /sys and /dev,
 and descriptions holding an exclusive flock/OFD lock (a lock, not data).
 
+A descriptor that cannot be reopened in the worker (its file's permissions
+changed since the parent opened it, a stale NFS handle, a vanished file...)
+stays shared with the parent, exactly as under torch's DataLoader, and the
+worker warns once per path with a ``SharedFileWarning`` (a ``RuntimeWarning``)
+naming the path, the worker and the errno. The worker never fails for it:
+most such descriptors are not the Dataset's (library logs, configs).
+
 Why at the descriptor level rather than by rebuilding file objects: the object
 (its buffer, its text decoder state, its position) is left exactly as it was,
 so no reader anywhere can tell the difference except that the offset is no
@@ -32,6 +39,7 @@ from .._registry import fork_context, register_at_fork
 from . import _reopen
 
 HOOK_NAME = "files"
+SharedFileWarning = _reopen.SharedFileWarning
 
 
 def register() -> None:
@@ -54,7 +62,7 @@ def privatize_inherited_files() -> None:
             locked = _reopen.exclusively_locked_inodes()
         if entry.ino in locked and _reopen.holds_exclusive_lock(entry.fd):
             continue
-        _reopen.privatize(entry, worker)
+        _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
 
 
 def prepare_start(loader: Any, start_method: str) -> None:
