@@ -83,22 +83,25 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     user_init, user_context = loader.worker_init_fn, loader.multiprocessing_context
     # The user's attributes are swapped only while torch reads them to start
     # the workers; trainers that rebuild the loader see the user's values.
-    loader.worker_init_fn = WorkerInit(user_init)
+    # object.__setattr__ bypasses a __setattr__ that records attribute sets
+    # (Lightning's, while it runs a fit), which would replay our swap later.
     if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
         # Python 3.14 made forkserver the default; a user who set a start
         # method explicitly with set_start_method() keeps it.
         if torch.multiprocessing.get_start_method(allow_none=True) is None:
-            loader.multiprocessing_context = "fork"
-    watch = loader.worker_init_fn.watch = watchdog.start_watch(loader, options, _start_method(loader))
+            object.__setattr__(loader, "multiprocessing_context", "fork")
+    start_method = _start_method(loader)
+    watch = watchdog.start_watch(loader, options, start_method)
+    object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
     arming = _registry._Arming(loader, options)
     _registry._local.arming = arming
     try:
-        backends.prepare_start(loader, _start_method(loader))
+        backends.prepare_start(loader, start_method)
         iterator = start()
     finally:
         _registry._local.arming = None
-        loader.worker_init_fn = user_init
-        loader.multiprocessing_context = user_context
+        object.__setattr__(loader, "worker_init_fn", user_init)
+        object.__setattr__(loader, "multiprocessing_context", user_context)
     if arming.errors:
         _shutdown(iterator)
         raise arming.errors[0]

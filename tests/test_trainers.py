@@ -83,7 +83,7 @@ SAFE_KEYWORDS = {
     "thread_budget": 1,
     "freeze_gc": True,
     "stall_timeout": 45.0,
-    "disable_hooks": ("nothing.to.disable",),
+    "disable_hooks": ("pin_memory",),  # a real hook (unknown names are refused); no pinning here
 }
 
 
