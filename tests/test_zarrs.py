@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-import threading
 import types
 import warnings
 from pathlib import Path
@@ -414,44 +413,59 @@ def test_bindings_are_found_again_only_when_zarrs_modules_change(monkeypatch):
     assert backend.current_bindings() == first
 
 
-class ModeOfWorker(Dataset):
-    def __len__(self) -> int:
-        return 2
+TWO_THREADS = """
+import json, threading
+import numpy as np, torch, zarr, zarrs
+import safeloader
+from safeloader.backends import zarrs as backend
 
-    def __getitem__(self, index: int):
+zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
+zarr.open_array({path!r}, mode="r")[:]  # the parent decodes: arms the deadlock
+
+class ModeOfWorker(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, index):
         return backend.worker_mode()
 
+loaders = {{
+    mode: safeloader.DataLoader(ModeOfWorker(), batch_size=None, num_workers=1, zarrs_mode=mode, timeout=30)
+    for mode in ("serial", "python")
+}}
+both_decided = threading.Barrier(len(loaders), timeout=30)
 
-def test_loaders_starting_workers_in_two_threads_at_once_keep_their_own_modes(arrays, clean_registry):
-    parent_decodes(arrays["plain"])
-    loaders = {
-        mode: DataLoader(ModeOfWorker(), batch_size=None, num_workers=1, zarrs_mode=mode, timeout=LOADER_TIMEOUT)
-        for mode in ("serial", "python")
-    }
-    both_decided = threading.Barrier(len(loaders), timeout=30)
+def after_zarrs_decided():
+    # Runs after the zarrs hook's `before` (highest priority: last in that phase);
+    # each thread waits until the other thread's zarrs hook decided too, then forks.
+    context = safeloader.fork_context()
+    if context is not None and any(context.loader is loader for loader in loaders.values()):
+        both_decided.wait()
 
-    def after_zarrs_decided() -> None:
-        # Runs after the zarrs hook's `before` (highest priority: last in that phase);
-        # each thread waits until the other thread's zarrs hook decided too, then forks.
-        context = safeloader.fork_context()
-        if context is not None and any(context.loader is loader for loader in loaders.values()):
-            both_decided.wait()
+safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", priority=1000)
+seen = {{}}
 
-    safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", priority=1000)
-    seen: dict[str, object] = {}
+def run(mode):
+    try:
+        seen[mode] = list(loaders[mode])
+    except Exception as exc:
+        seen[mode] = repr(exc)
 
-    def run(mode: str) -> None:
-        try:
-            seen[mode] = list(loaders[mode])
-        except Exception as exc:
-            seen[mode] = exc
+threads = [threading.Thread(target=run, args=(mode,)) for mode in loaders]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join(60)
+print(json.dumps(seen, sort_keys=True))
+"""
 
-    threads = [threading.Thread(target=run, args=(mode,)) for mode in loaders]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert seen == {"serial": ["serial", "serial"], "python": ["python", "python"]}
+
+def test_loaders_starting_workers_in_two_threads_at_once_keep_their_own_modes(arrays):
+    # In a fresh interpreter: a library that holds its own lock across fork
+    # (h5py registers one at import) serialises two threads' forks, so the
+    # barrier that forces them to interleave could never be passed there.
+    result = check_python(TWO_THREADS.format(path=arrays["plain"]), timeout=90)
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen == {"python": ["python", "python"], "serial": ["serial", "serial"]}
 
 
 def run_collecting_warnings(loader) -> tuple[list, list[warnings.WarningMessage]]:
