@@ -65,6 +65,21 @@ def check_random_reads(loader, expected: np.ndarray, seconds: float = SECONDS, p
     return checked
 
 
+def check_workers_and_parent(dataset, expected: np.ndarray) -> None:
+    """4 workers read random items for a few seconds through the handles ``dataset`` opened in
+    ``__init__``, while the parent reads through the same handles after each batch; every
+    value must equal the direct read ``expected``."""
+    rng = np.random.default_rng(1)
+
+    def parent_reads() -> None:
+        i = int(rng.integers(len(expected)))
+        assert (dataset[i][1] == expected[i]).all()
+
+    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
+    assert checked > 100
+    parent_reads()
+
+
 def count_failures(loader, expected: np.ndarray, seconds: float) -> tuple[int, int, str]:
     """Like ``check_random_reads``, but counts wrong items and errors; stops at the first
     failure or after ``seconds``. Returns (items read, wrong items, first error)."""
@@ -159,15 +174,7 @@ def test_plain_files_opened_in_init_read_correctly_in_4_workers(tmp_path):
     binary, text, _ = write_records(tmp_path)
     dataset = Records(str(binary), str(text))
     expected = direct_records(binary)
-    rng = np.random.default_rng(1)
-
-    def parent_reads():  # through the same handles, while the workers run
-        i = int(rng.integers(COUNT))
-        assert (dataset[i][1] == expected[i]).all()
-
-    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
-    assert checked > 100
-    parent_reads()
+    check_workers_and_parent(dataset, expected)
 
 
 @pytest.mark.timeout(90)

@@ -21,6 +21,7 @@ from .test_files import (
     REPO,
     assert_torch_loader_fails,
     check_random_reads,
+    check_workers_and_parent,
     random_loader,
 )
 from .test_npz import MEMBERS
@@ -70,15 +71,7 @@ def test_h5py_read_correctly_in_4_workers(tmp_path, driver):
     dataset = H5Items(str(path), driver)
     expected = direct_h5(path)
     assert (expected[:, 0] == data).all()
-    rng = np.random.default_rng(1)
-
-    def parent_reads():  # through the parent's own objects, while workers run
-        i = int(rng.integers(COUNT))
-        assert (dataset[i][1] == expected[i]).all()
-
-    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
-    assert checked > 100
-    parent_reads()
+    check_workers_and_parent(dataset, expected)
 
 
 @pytest.mark.timeout(90)

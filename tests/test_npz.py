@@ -15,6 +15,7 @@ from .test_files import (
     RECORD,
     assert_torch_loader_fails,
     check_random_reads,
+    check_workers_and_parent,
     random_loader,
 )
 
@@ -58,15 +59,7 @@ def test_npz_plain_and_compressed_read_correctly_in_4_workers(tmp_path):
     dataset = Archives(str(plain), str(compressed))
     expected = direct_archives(plain, compressed)
     assert (expected[:, 0] == data).all() and (expected[:, 1] == data).all()
-    rng = np.random.default_rng(1)
-
-    def parent_reads():  # through the parent's own NpzFiles, while workers run
-        i = int(rng.integers(MEMBERS))
-        assert (dataset[i][1] == expected[i]).all()
-
-    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
-    assert checked > 100
-    parent_reads()
+    check_workers_and_parent(dataset, expected)
 
 
 @pytest.mark.timeout(90)
