@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
 
@@ -28,24 +29,36 @@ class Result:
 
 
 def run_python(code: str, timeout: float, env: dict[str, str] | None = None, cwd: str | None = None) -> Result:
-    """Run ``code`` in a fresh interpreter; kill it and its workers at ``timeout`` seconds."""
+    """Run ``code`` in a fresh interpreter; kill it and its workers at ``timeout`` seconds.
+
+    Output goes to files, not pipes, and the deadline is on the child itself:
+    a worker it left behind (say, one hung in the very way a test shows)
+    would hold a pipe open and make a finished child look hung. Whatever the
+    child leaves in its process group is killed when it ends.
+    """
     child_env = {**os.environ, **(env or {})}
-    process = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env,
-        cwd=cwd,
-        start_new_session=True,  # its own process group, so workers die with it
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-        return Result(process.returncode, stdout, stderr, timed_out=False)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        return Result(None, stdout, stderr, timed_out=True)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=child_env,
+            cwd=cwd,
+            start_new_session=True,  # its own process group, so workers die with it
+        )
+        try:
+            returncode: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is empty: nothing was left behind
+            pass
+        process.wait()
+        out.seek(0)
+        err.seek(0)
+        return Result(returncode, out.read(), err.read(), timed_out=returncode is None)
 
 
 def check_python(code: str, timeout: float, env: dict[str, str] | None = None) -> Result:
