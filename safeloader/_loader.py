@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
@@ -29,6 +29,8 @@ class _Default(enum.Enum):
 
 DEFAULT = _Default.DEFAULT
 """Use the process-wide default set with ``safeloader.configure``."""
+
+T_co = TypeVar("T_co", covariant=True)
 
 OPTION_NAMES = ("zarrs_mode", "thread_budget", "freeze_gc", "stall_timeout", "disable_hooks")
 
@@ -132,7 +134,7 @@ class _SafeDataLoaderMeta(type):
         return super().__subclasscheck__(subclass)
 
 
-class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
+class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
     """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
 
     Takes exactly torch's arguments (new ones pass through), plus:
@@ -145,6 +147,10 @@ class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
     trainers that rebuild loaders from their attributes get the same loader.
     When no ``multiprocessing_context`` is given, workers are forked on Linux,
     also on Python 3.14 where the default became forkserver.
+
+    Generic like torch's class (``DataLoader[T]``): after ``install()`` code
+    that subclasses or annotates ``torch.utils.data.DataLoader[T]`` at run time
+    (torchdata's ``StatefulDataLoader``) gets this class.
     """
 
     def __init__(

@@ -487,6 +487,20 @@ def test_unsupported_zarrs_version_falls_back_to_python_with_one_warning(arrays,
     assert "zarrs must be >=0.2.2,<0.3, got '0.4.0'" in message
 
 
+def test_zarr_release_not_yet_verified_falls_back_to_python_with_one_warning(arrays, monkeypatch):
+    # The releases verified are admitted (3.1 up to the first unverified minor); the next is not assumed.
+    low, high = backend.SUPPORTED_VERSIONS["zarr"]
+    assert low == (3, 1) and high >= (3, 5), high
+    unverified = zarrs_layout.dotted(high) + ".0"
+    reference = parent_decodes(arrays["plain"])
+    monkeypatch.setattr(zarr, "__version__", unverified)
+    loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
+    items, fallbacks = run_collecting_warnings(loader)
+    check_reads(items, reference, mode="python")
+    assert len(fallbacks) == 1, [str(w.message) for w in fallbacks]
+    assert f"zarr must be >=3.1,<{zarrs_layout.dotted(high)}, got '{unverified}'" in str(fallbacks[0].message)
+
+
 def test_unexpected_extension_layout_falls_back_to_serial_with_one_warning(arrays, monkeypatch):
     reference = parent_decodes(arrays["sharded"])
     monkeypatch.setattr(sys.modules["zarrs._internal"], "__file__", "/nonexistent/_internal.abi3.so")
