@@ -1,12 +1,21 @@
-# Two commands do everything on a fresh Linux machine with python3 and a C compiler:
-#   make demo   set up .venv and run the demo
-#   make test   set up .venv (with the test extras) and run the test suite
+# Commands that do everything on a fresh Linux machine with python3 and a C compiler:
+#   make demo          set up .venv and run the demo
+#   make test          set up .venv (pinned stack: constraints.txt) and run the test suite
+#   make test-latest   set up .venv-latest on Python 3.13 with the newest releases of every
+#                      dependency from the registry (torch, zarr, zarrs, numpy, h5py, lightning...)
+#                      and run the same suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export SAFELOADER_REQUIRE_NATIVE ?= 1
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test test-latest bench setup setup-latest clean
+
+# The newest stack: Python 3.13 (pyenv's, or PYTHON_LATEST=/path/to/python3.13), nothing pinned.
+# PIP_CONSTRAINT=/dev/null overrides a machine-wide pip constraint file (these machines cap torch).
+PYTHON_LATEST ?= $(shell scripts/find-python313)
+VENV_LATEST := .venv-latest
+PY_LATEST := $(VENV_LATEST)/bin/python
 
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +25,17 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c 
 
 setup: $(VENV)/.installed
 
+$(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
+	@test -n "$(PYTHON_LATEST)" || { echo "make test-latest: no Python 3.13 found (set PYTHON_LATEST)"; exit 1; }
+	rm -rf $(VENV_LATEST)
+	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench]'
+	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
+	touch $@
+
+setup-latest: $(VENV_LATEST)/.installed
+
 demo: setup
 	$(PY) -m safeloader demo
 
@@ -23,8 +43,12 @@ test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
 	$(PY) -m pytest
 
+test-latest: setup-latest
+	$(PY_LATEST) -m ruff check safeloader tests benchmarks
+	$(PY_LATEST) -m pytest
+
 bench: setup
 	$(PY) -m benchmarks --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info safeloader/_native*.so
+	rm -rf $(VENV) $(VENV_LATEST) build *.egg-info safeloader/_native*.so
