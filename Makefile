@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export SAFELOADER_REQUIRE_NATIVE ?= 1
 
-.PHONY: demo test test-latest bench setup setup-latest clean
+.PHONY: demo test test-latest check-packaging bench setup setup-latest clean
 
 # The newest stack: Python 3.13 (pyenv's, or PYTHON_LATEST=/path/to/python3.13), nothing pinned.
 # PIP_CONSTRAINT=/dev/null overrides a machine-wide pip constraint file (these machines cap torch).
@@ -46,6 +46,10 @@ test: setup
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
 	$(PY_LATEST) -m pytest
+
+# sdist + wheel installed in a fresh venv with and without a C compiler, then a smoke test.
+check-packaging: setup
+	PY=$(PY) scripts/check-packaging
 
 bench: setup
 	$(PY) -m benchmarks --quick
