@@ -8,13 +8,17 @@ and stops by itself after ``lifetime`` seconds even if nobody stops it.
 from __future__ import annotations
 
 import re
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 
 RECORD = 64
 COUNT = 256
+# A self-signed certificate and key for 127.0.0.1 (valid until 2126), for the TLS server.
+CERTIFICATE = str(Path(__file__).resolve().parent / "data" / "localhost.pem")
 
 
 def records(seed: int = 0) -> np.ndarray:
@@ -68,14 +72,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Server:
-    """``with Server() as server: server.url(...)``; stops at exit or after ``lifetime`` s."""
+    """``with Server() as server: server.url(...)``; stops at exit or after ``lifetime`` s.
+    ``tls=True``: HTTPS with ``CERTIFICATE`` (clients verify against that file)."""
 
-    def __init__(self, seed: int = 0, lifetime: float = 120.0) -> None:
+    def __init__(self, seed: int = 0, lifetime: float = 120.0, tls: bool = False) -> None:
         self.data = records(seed)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.blob = self.data.tobytes()  # type: ignore[attr-defined]
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(CERTIFICATE)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._timer = threading.Timer(lifetime, self.stop)
         self._timer.daemon = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import ssl
 
 import numpy as np
 import pytest
@@ -20,31 +21,36 @@ from torch.utils.data import Dataset
 from safeloader import DataLoader
 from safeloader.backends import sockets as sockets_backend
 
-from .http_server import COUNT, RECORD, Server
+from .http_server import CERTIFICATE, COUNT, RECORD, Server
 from .test_files import assert_torch_loader_fails, check_workers_and_parent
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
-CLIENTS = ("requests", "urllib3", "http.client")
+CLIENTS = ("requests", "urllib3", "http.client", "requests over TLS", "http.client over TLS")
 
 
 class HttpRecords(Dataset):
     """Item i: ``/r/i`` fetched through one keep-alive client made here, used once by the parent."""
 
     def __init__(self, base: str, client: str) -> None:
-        self.base, self.client = base, client
-        if client == "requests":
+        self.base, self.client = base, client.removesuffix(" over TLS")
+        if self.client == "requests":
             self.session = requests.Session()
-        elif client == "urllib3":
+        elif self.client == "urllib3":
             self.pool = urllib3.PoolManager(maxsize=1)
         else:
-            host, port = base.removeprefix("http://").split(":")
-            self.connection = http.client.HTTPConnection(host, int(port), timeout=10)
+            host, port = base.split("://")[1].split(":")
+            if base.startswith("https"):
+                context = ssl.create_default_context(cafile=CERTIFICATE)
+                self.connection = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
+            else:
+                self.connection = http.client.HTTPConnection(host, int(port), timeout=10)
         self[0]  # the parent uses the connection first: it stays open (keep-alive)
 
     def fetch(self, path: str) -> bytes:
         if self.client == "requests":
-            return self.session.get(self.base + path, timeout=10).content
+            # verify per request: a REQUESTS_CA_BUNDLE in the environment overrides Session.verify
+            return self.session.get(self.base + path, timeout=10, verify=CERTIFICATE).content
         if self.client == "urllib3":
             return self.pool.request("GET", self.base + path, timeout=10).data
         self.connection.request("GET", path)
@@ -72,7 +78,7 @@ def parent_socket(dataset: HttpRecords) -> socket.socket:
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client):
-    with Server() as server:
+    with Server(tls=client.endswith("TLS")) as server:
         dataset = HttpRecords(server.base, client)
         before = parent_socket(dataset).getsockname()
         check_workers_and_parent(dataset, server.data)
@@ -86,7 +92,7 @@ def test_same_clients_under_torch_loader_read_wrong_bytes_or_fail(client):
     setup = f"""
         from tests.http_server import Server
         from tests.test_sockets import HttpRecords
-        server = Server().start()
+        server = Server(tls={client.endswith("TLS")!r}).start()
         dataset = HttpRecords(server.base, {client!r})
         expected = server.data
     """
