@@ -99,3 +99,19 @@ def test_writable_environment_is_refused_before_any_worker_starts(tmp_path):
     with pytest.raises(LmdbWritableError, match=r"open for writing.*readonly=True"):
         next(iter(DataLoader(dataset, batch_size=8, num_workers=2)))
     dataset.env.close()
+
+
+@pytest.mark.timeout(120)
+def test_environment_is_reopened_in_spawn_workers_and_writable_ones_are_refused(tmp_path):
+    data = write_env(tmp_path / "db")
+    dataset = LmdbRecords(str(tmp_path / "db"))
+    indices, values = epoch(DataLoader(dataset, batch_size=50, num_workers=1, multiprocessing_context="spawn"))
+    assert (values == data[indices]).all()
+    dataset.env.close()  # py-lmdb opens a path once per process
+    writable = LmdbRecords(str(tmp_path / "db"), readonly=False)
+    with pytest.raises(TypeError, match="writable LMDB environment"):
+        from safeloader.backends import lmdb as lmdb_backend
+
+        lmdb_backend.prepare_start(None, "spawn")
+        lmdb_backend.reduce_environment(writable.env)
+    writable.env.close()

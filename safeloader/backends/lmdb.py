@@ -21,20 +21,26 @@ close, the parent's writer). Not covered: environments kept only in globals
 or closures, and named databases (``env.open_db(name)``) or transactions
 opened in the parent (open them in the worker, e.g. lazily on first use).
 Nothing happens unless the program imported lmdb.
+
+Spawn/forkserver: read-only environments pickle by path and open options and
+are opened afresh in the worker; writable ones are refused with a TypeError.
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
+from types import FunctionType, ModuleType
 from typing import Any
 
 from .._registry import fork_context, hooks, register_at_fork
+from . import _reopen
 
 HOOK_NAME = "lmdb"
 _MAX_CONTAINER = 10_000  # longer lists/dicts (file lists, index tables) are not searched
 _MAX_NODES = 100_000
 _MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
+_LEAVES = (str, bytes, int, float, type, ModuleType, FunctionType)  # never searched inside
 
 
 class LmdbWritableError(RuntimeError):
@@ -57,7 +63,12 @@ def _hook_runs_for(loader: Any) -> bool:
 
 
 def prepare_start(loader: Any, start_method: str) -> None:
-    if "lmdb" not in sys.modules or start_method != "fork" or loader is None:
+    if "lmdb" not in sys.modules or loader is None:
+        return
+    if start_method != "fork":
+        import lmdb
+
+        _reopen.register_reducer(lmdb.Environment, reduce_environment)
         return
     if not _hook_runs_for(loader):
         _plans.pop(loader, None)
@@ -66,18 +77,46 @@ def prepare_start(loader: Any, start_method: str) -> None:
 
     plan = []
     for holder, key, env in find_environments(getattr(loader, "dataset", None), lmdb.Environment):
-        flags = env.flags()
-        if not flags["readonly"]:
+        if not env.flags()["readonly"]:
             raise LmdbWritableError(
                 f"the Dataset holds the LMDB environment {env.path()!r} open for writing; forked DataLoader "
                 "workers must not use it (LMDB forbids using an environment after fork, and a worker closing it "
                 "would disturb the parent's writer). Open it with lmdb.open(path, readonly=True) for the "
                 "Dataset, or open it inside each worker"
             )
-        options = {name: flags[name] for name in ("subdir", "readonly", "lock", "readahead", "meminit")}
-        options.update(map_size=env.info()["map_size"], max_readers=env.max_readers(), max_dbs=_MAX_DBS)
-        plan.append((holder, key, env, env.path(), options))
+        plan.append((holder, key, env, env.path(), open_options(env)))
     _plans[loader] = plan
+
+
+def open_options(env: Any) -> dict[str, Any]:
+    """The ``lmdb.open`` keywords that reopen ``env`` as it is (but ``max_dbs``, which cannot be read)."""
+    flags = env.flags()
+    options = {name: flags[name] for name in ("subdir", "readonly", "lock", "readahead", "meminit")}
+    options.update(map_size=env.info()["map_size"], max_readers=env.max_readers(), max_dbs=_MAX_DBS)
+    return options
+
+
+def reduce_environment(env: Any) -> tuple[Any, ...]:
+    """Pickle a read-only environment for a spawn/forkserver worker by path and options."""
+    if not env.flags()["readonly"]:
+        raise TypeError(
+            f"safeloader does not reopen the writable LMDB environment {env.path()!r} in a DataLoader worker: "
+            "open it with lmdb.open(path, readonly=True) for the Dataset, or open it inside each worker"
+        )
+    return reopen_environment, (env.path(), open_options(env))
+
+
+def reopen_environment(path: str, options: dict[str, Any]) -> Any:
+    """In a spawn/forkserver worker: the environment the parent pickled."""
+    import lmdb
+
+    def opener() -> Any:
+        try:
+            return lmdb.open(path, **options)
+        except lmdb.Error as exc:
+            raise OSError(f"lmdb: {exc}") from exc
+
+    return _reopen.reopen_or_unavailable("LMDB environment", path, opener)
 
 
 def find_environments(root: Any, env_type: type) -> list[tuple[Any, Any, Any]]:
@@ -88,7 +127,7 @@ def find_environments(root: Any, env_type: type) -> list[tuple[Any, Any, Any]]:
     stack = [root]
     while stack and len(seen) < _MAX_NODES:
         node = stack.pop()
-        if id(node) in seen or node is None or isinstance(node, (str, bytes, int, float, type)):
+        if id(node) in seen or node is None or isinstance(node, _LEAVES):
             continue
         seen.add(id(node))
         if isinstance(node, (list, dict)):
