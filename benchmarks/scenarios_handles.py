@@ -75,7 +75,13 @@ def handle_contender(kind: str, loader_kind: str, lazy: bool = False) -> Callabl
         from . import scenarios
 
         if kind == "lmdb":
-            source, count, checksum = params["lmdb"], params["file_items"], params["file_checksum"]
+            # A copy per contender: the slots torch's workers leak in the reader table
+            # (a file shared by every process opening the database) would fill it for all.
+            import shutil
+            import tempfile
+
+            source = shutil.copytree(params["lmdb"], tempfile.mkdtemp(prefix="lmdb-", dir=params["dir"]) + "/db")
+            count, checksum = params["file_items"], params["file_checksum"]
         else:
             from tests.http_server import COUNT, Server
 
