@@ -66,7 +66,10 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
     with h5py.File(directory / "data.h5", "w") as f:
         f.create_dataset("x", data=records, chunks=(8, 512), compression="gzip")
     np.savez(directory / "data.npz", **{f"m{i}": records[i] for i in range(n["file_items"])})
+    from .scenarios_handles import write_lmdb
+
     return {
+        "lmdb": write_lmdb(directory, records),
         "dir": str(directory),
         "zarr": str(directory / "data.zarr"),
         "zarr_checksum": float(base.sum(dtype=np.float64)),
@@ -353,6 +356,9 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
             "lazy per worker, fork": file_contender(fmt, "torch fork", LazyPerWorker),
             "safeloader": file_contender(fmt, "safeloader"),
         }
+    from . import scenarios_handles
+
+    table.update(scenarios_handles.table())
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
     table["worker memory, many objects, one gc.collect()"] = {
         "torch fork": memory_contender("torch fork"),

@@ -1,0 +1,133 @@
+"""Per-fork cost of safeloader's hooks, timed inside the fork itself, with backend libraries imported.
+
+    python -m benchmarks.bench_hook_cost [--workers 4] [--repeats 10] [--without sockets lmdb fsspec]
+
+Unlike the difference of two first-batch medians (bench_startup), which a
+busy machine drowns in noise, this times the three hook phases of each real
+worker fork (``before`` and ``after_in_parent`` in the parent,
+``after_in_child`` in the worker) and reports the median sum per worker.
+Every library with a backend that is installed is imported first, and the
+Dataset holds an HTTP keep-alive session, an fsspec filesystem and an LMDB
+environment, so each hook has something to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import safeloader
+from safeloader import _registry
+
+LIBRARIES = ("numpy", "h5py", "zarr", "zarrs", "threadpoolctl", "requests", "fsspec", "fsspec.asyn", "lmdb")
+
+_phase_seconds: dict[str, float] = {}
+_hook_seconds: dict[str, float] = {}  # hook name -> seconds, all phases
+
+
+def _time_each_hook() -> None:
+    import dataclasses
+
+    def timed(name, callback):
+        if callback is None:
+            return None
+
+        def run():
+            start = time.perf_counter()
+            try:
+                callback()
+            finally:
+                _hook_seconds[name] = _hook_seconds.get(name, 0.0) + time.perf_counter() - start
+
+        return run
+
+    for name, hook in list(_registry._hooks.items()):
+        _registry._hooks[name] = dataclasses.replace(
+            hook, before=timed(name, hook.before), after_in_parent=timed(name, hook.after_in_parent),
+            after_in_child=timed(name, hook.after_in_child))
+    _registry._reorder()
+
+
+def _timed_run_phase(original):
+    def run_phase(phase, context):
+        start = time.perf_counter()
+        try:
+            return original(phase, context)
+        finally:
+            _phase_seconds[phase] = _phase_seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    return run_phase
+
+
+class Holder(torch.utils.data.Dataset):
+    """Holds the handles; item: (worker pid, its after_in_child time in seconds)."""
+
+    def __init__(self, directory: str) -> None:
+        import lmdb
+
+        with lmdb.open(f"{directory}/db", map_size=1 << 20) as env, env.begin(write=True) as txn:
+            txn.put(b"k", b"v")
+        self.env = lmdb.open(f"{directory}/db", readonly=True)
+        import fsspec
+        import requests
+
+        self.session = requests.Session()
+        self.fs = fsspec.filesystem("http")
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[int, float, dict[str, float]]:
+        return os.getpid(), _phase_seconds.get("after_in_child", 0.0), dict(_hook_seconds)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--without", nargs="*", default=[], help="hooks to disable (to compare)")
+    args = parser.parse_args(argv)
+    imported = []
+    for name in LIBRARIES:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except ImportError:
+            pass
+    _registry._run_phase = _timed_run_phase(_registry._run_phase)
+    _time_each_hook()
+    per_worker = []
+    per_hook: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        dataset = Holder(directory)
+        for _ in range(args.repeats):
+            _phase_seconds.clear()
+            _hook_seconds.clear()
+            loader = safeloader.DataLoader(dataset, batch_size=None, num_workers=args.workers,
+                                           disable_hooks=tuple(args.without))
+            items = {pid: (seconds, hooks) for pid, seconds, hooks in loader}  # one per worker
+            child = [seconds for seconds, _ in items.values()]
+            for _, hooks in items.values():
+                for name, seconds in hooks.items():
+                    per_hook.setdefault(name, []).append(seconds + _hook_seconds.get(name, 0.0) / args.workers)
+            parent = _phase_seconds.get("before", 0.0) + _phase_seconds.get("after_in_parent", 0.0)
+            per_worker.append(parent / args.workers + statistics.median(child))
+    median = statistics.median(per_worker)
+    print(f"imported: {', '.join(imported)}; pid {os.getpid()}")
+    print(f"hooks: {', '.join(h.name for h in safeloader.hooks() if h.active and h.name not in args.without)}")
+    print(f"hook time per worker fork: median {median * 1e3:.3f} ms, min {min(per_worker) * 1e3:.3f} ms, "
+          f"max {max(per_worker) * 1e3:.3f} ms over {args.repeats} loaders x {args.workers} workers")
+    for name, values in sorted(per_hook.items(), key=lambda kv: -statistics.median(kv[1])):
+        print(f"  {name:<12} {statistics.median(values) * 1e3:8.3f} ms")
+    return {"per_worker_s": per_worker, "median_s": median,
+            "per_hook_median_s": {name: statistics.median(v) for name, v in per_hook.items()}}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
+
+fsspec runs every async filesystem on one event loop, in a thread of its own
+("fsspecIO"), with sessions (aiohttp, aiobotocore...) bound to that loop. A
+forked worker inherits the filesystem objects but not the thread: fsspec
+itself refuses them (``RuntimeError: This class is not fork-safe``, from
+``AsyncFileSystem.loop`` when the instance's pid is not the process's), and
+file objects opened in the parent (``fs.open(url)``) would wait forever on a
+loop that no longer runs.
+
+Hook ``"fsspec"``, in each worker (nothing is scanned; the cost is paid on
+first use):
+
+- ``AsyncFileSystem.loop`` is wrapped so that an instance created in another
+  process is rebuilt in place on its first use: a fresh instance is made from
+  its ``storage_args``/``storage_options``, exactly as pickling it for a
+  spawn worker would, and its state replaces the inherited one. The worker
+  thereby gets its own event loop and its own session (each filesystem makes
+  those lazily), for any ``AsyncFileSystem`` subclass: HTTP, s3fs, gcsfs. The
+  user's object keeps its identity and becomes the worker's cached instance.
+- ``fsspec.asyn.sync`` is wrapped so that a call on the parent's event loop
+  (a file object opened in the parent) is moved to the worker's loop when the
+  object can be rebound (it has an ``fs`` and a ``session``, as HTTP files
+  do), and otherwise raises a clear error at once instead of hanging.
+
+The parent's objects are not touched. Sessions inherited from the parent are
+dropped in the worker without being closed (their sockets are severed by the
+``"sockets"`` hook, so nothing reaches the parent's connections).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from .._registry import register_at_fork
+
+HOOK_NAME = "fsspec"
+
+# The parent's fsspec event loop, noted before each worker fork (fsspec's own
+# at-fork handler forgets it in the child, possibly before our hook runs).
+_parent_loop: Any = None
+
+
+def register() -> None:
+    register_at_fork(before=note_parent_loop, after_in_child=adopt_parent_filesystems, name=HOOK_NAME,
+                     requires=("fsspec.asyn",))
+
+
+def note_parent_loop() -> None:
+    global _parent_loop
+    _parent_loop = sys.modules["fsspec.asyn"].loop[0]
+
+
+def adopt_parent_filesystems() -> None:
+    """In a worker: make filesystems and files from the parent rebuild themselves on first use."""
+    asyn = sys.modules["fsspec.asyn"]
+    cls = asyn.AsyncFileSystem
+    original_loop = cls.__dict__["loop"]
+    if not getattr(original_loop.fget, "_safeloader", False):
+
+        def loop(self: Any) -> Any:
+            if self._pid != os.getpid():
+                rebuild_in_place(self)
+            return original_loop.fget(self)
+
+        loop._safeloader = True  # type: ignore[attr-defined]
+        cls.loop = property(loop)
+    if not getattr(asyn.sync, "_safeloader", False):
+        asyn.sync = _wrap_sync(asyn.sync)
+
+
+def rebuild_in_place(fs: Any) -> None:
+    """Replace the state of ``fs`` (created in another process) with a fresh instance's."""
+    cls = type(fs)
+    fresh = cls(*fs.storage_args, **fs.storage_options)  # fsspec's cache is per pid: a new instance
+    fs.__dict__.clear()
+    fs.__dict__.update(fresh.__dict__)
+    token = getattr(fs, "_fs_token_", None)
+    if token is not None and cls._cache.get(token) is fresh:
+        cls._cache[token] = fs  # fsspec.filesystem(...) in the worker now returns the user's object
+
+
+def _wrap_sync(original: Any) -> Any:
+    def sync(loop: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if loop is not None and loop is _parent_loop:
+            loop = _rebind_to_worker_loop(args[0] if args else None, func)
+        return original(loop, func, *args, **kwargs)
+
+    sync._safeloader = True  # type: ignore[attr-defined]
+    sync.__wrapped__ = original  # type: ignore[attr-defined]
+    return sync
+
+
+def _rebind_to_worker_loop(owner: Any, func: Any) -> Any:
+    """Move ``owner`` (an fsspec object on the parent's loop) to this worker's loop; its loop."""
+    fs = getattr(owner, "fs", None)
+    if fs is not None and hasattr(fs, "set_session") and hasattr(owner, "session") and not hasattr(owner, "r"):
+        loop = fs.loop  # rebuilds fs in this worker
+        owner.session = sync_on(loop, fs.set_session)
+        owner.loop = loop
+        return loop
+    name = getattr(func, "__qualname__", repr(func))
+    raise RuntimeError(
+        f"safeloader: {owner!r} was opened in the parent process on fsspec's event loop, which does not run in "
+        f"this DataLoader worker ({name} would wait forever). Open it inside the worker (e.g. lazily on first use), "
+        "or keep the filesystem in the Dataset and open files from it in __getitem__"
+    )
+
+
+def sync_on(loop: Any, func: Any) -> Any:
+    original = sys.modules["fsspec.asyn"].sync
+    return getattr(original, "__wrapped__", original)(loop, func)

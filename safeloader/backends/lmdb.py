@@ -1,0 +1,174 @@
+"""LMDB: environments a Dataset opened in the parent work in forked workers.
+
+LMDB's rule is that an environment must not be used after ``fork()``: the
+child must open its own. py-lmdb's ``Environment`` opened in the parent and
+used in a worker (``env.begin().get(key)`` per item) takes a new slot of the
+shared reader table on every read transaction, recorded under the parent's
+pid and never freed: ``MDB_READERS_FULL`` after ~125 reads, in every worker.
+
+Hook ``"lmdb"``: before a loader starts forked workers, the parent finds the
+environments held by its Dataset (its attributes, and the lists, dicts and
+objects under them; ``Subset``/``ConcatDataset`` included) and notes where
+each one is held. In each worker, the inherited copy of every such
+environment is closed (which releases only what the worker owns) and the
+environment is opened afresh (same path and flags, its own reader slots under
+the worker's pid, as LMDB requires) and put in the place of the inherited
+one, so ``self.env.begin()`` in ``__getitem__`` reads through the worker's own environment for an epoch of any length.
+
+Refused with ``LmdbWritableError`` before any worker starts: environments
+the Dataset holds open for writing (a worker must not write through, or
+close, the parent's writer). Not covered: environments kept only in globals
+or closures, and named databases (``env.open_db(name)``) or transactions
+opened in the parent (open them in the worker, e.g. lazily on first use).
+Nothing happens unless the program imported lmdb.
+
+Spawn/forkserver: read-only environments pickle by path and open options and
+are opened afresh in the worker; writable ones are refused with a TypeError.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from types import FunctionType, ModuleType
+from typing import Any
+
+from .._registry import fork_context, hooks, register_at_fork
+from . import _reopen
+
+HOOK_NAME = "lmdb"
+_MAX_CONTAINER = 10_000  # longer lists/dicts (file lists, index tables) are not searched
+_MAX_NODES = 100_000
+_MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
+_LEAVES = (str, bytes, int, float, type, ModuleType, FunctionType)  # never searched inside
+
+
+class LmdbWritableError(RuntimeError):
+    """A Dataset holds an LMDB environment open for writing while forked workers start."""
+
+
+# loader -> [(holder, key, environment, path, open options)], filled in the parent before its workers fork.
+_plans: weakref.WeakKeyDictionary[Any, list[tuple[Any, Any, Any, str, dict[str, Any]]]] = weakref.WeakKeyDictionary()
+
+
+def register() -> None:
+    register_at_fork(after_in_child=reopen_environments, name=HOOK_NAME, priority=40, requires=("lmdb",))
+
+
+def _hook_runs_for(loader: Any) -> bool:
+    from .._loader import resolve_options
+
+    hook = next((h for h in hooks() if h.name == HOOK_NAME), None)
+    return hook is not None and hook.enabled and HOOK_NAME not in resolve_options(loader).disable_hooks
+
+
+def prepare_start(loader: Any, start_method: str) -> None:
+    if "lmdb" not in sys.modules or loader is None:
+        return
+    if start_method != "fork":
+        import lmdb
+
+        _reopen.register_reducer(lmdb.Environment, reduce_environment)
+        return
+    if not _hook_runs_for(loader):
+        _plans.pop(loader, None)
+        return
+    import lmdb
+
+    plan = []
+    for holder, key, env in find_environments(getattr(loader, "dataset", None), lmdb.Environment):
+        if not env.flags()["readonly"]:
+            raise LmdbWritableError(
+                f"the Dataset holds the LMDB environment {env.path()!r} open for writing; forked DataLoader "
+                "workers must not use it (LMDB forbids using an environment after fork, and a worker closing it "
+                "would disturb the parent's writer). Open it with lmdb.open(path, readonly=True) for the "
+                "Dataset, or open it inside each worker"
+            )
+        plan.append((holder, key, env, env.path(), open_options(env)))
+    _plans[loader] = plan
+
+
+def open_options(env: Any) -> dict[str, Any]:
+    """The ``lmdb.open`` keywords that reopen ``env`` as it is (but ``max_dbs``, which cannot be read)."""
+    flags = env.flags()
+    options = {name: flags[name] for name in ("subdir", "readonly", "lock", "readahead", "meminit")}
+    options.update(map_size=env.info()["map_size"], max_readers=env.max_readers(), max_dbs=_MAX_DBS)
+    return options
+
+
+def reduce_environment(env: Any) -> tuple[Any, ...]:
+    """Pickle a read-only environment for a spawn/forkserver worker by path and options."""
+    if not env.flags()["readonly"]:
+        raise TypeError(
+            f"safeloader does not reopen the writable LMDB environment {env.path()!r} in a DataLoader worker: "
+            "open it with lmdb.open(path, readonly=True) for the Dataset, or open it inside each worker"
+        )
+    return reopen_environment, (env.path(), open_options(env))
+
+
+def reopen_environment(path: str, options: dict[str, Any]) -> Any:
+    """In a spawn/forkserver worker: the environment the parent pickled."""
+    import lmdb
+
+    def opener() -> Any:
+        try:
+            return lmdb.open(path, **options)
+        except lmdb.Error as exc:
+            raise OSError(f"lmdb: {exc}") from exc
+
+    return _reopen.reopen_or_unavailable("LMDB environment", path, opener)
+
+
+def find_environments(root: Any, env_type: type) -> list[tuple[Any, Any, Any]]:
+    """(holder, key, environment) for each environment reachable from ``root``
+    through instance attributes, lists and dicts (``holder[key]`` or ``holder.key``)."""
+    found = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack and len(seen) < _MAX_NODES:
+        node = stack.pop()
+        if id(node) in seen or node is None or isinstance(node, _LEAVES):
+            continue
+        seen.add(id(node))
+        if isinstance(node, (list, dict)):
+            if len(node) > _MAX_CONTAINER:
+                continue
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+        elif isinstance(node, tuple):
+            stack.extend(node[:_MAX_CONTAINER])
+            continue
+        else:
+            attributes = getattr(node, "__dict__", None)
+            if not isinstance(attributes, dict):
+                continue
+            items = attributes.items()
+        for key, value in list(items):
+            if isinstance(value, env_type):
+                found.append((node, key, value))
+            else:
+                stack.append(value)
+    return found
+
+
+def reopen_environments() -> None:
+    """In a worker: open each planned environment afresh and put it where the inherited one was."""
+    context = fork_context()
+    plan = _plans.get(context.loader) if context is not None and context.loader is not None else None
+    if not plan:
+        return
+    import lmdb
+
+    fresh: dict[int, Any] = {}
+    for holder, key, env, path, options in plan:
+        if id(env) not in fresh:
+            # py-lmdb allows one environment per path and process: close the
+            # worker's inherited copy first. mdb_env_close in a child touches
+            # only what the child owns (reader slots under its own pid, which
+            # it has none of; its own fcntl locks, which fork does not
+            # inherit), so the parent's environment is not disturbed.
+            env.close()
+            fresh[id(env)] = lmdb.open(path, **options)
+        if isinstance(holder, (list, dict)):
+            holder[key] = fresh[id(env)]
+        else:
+            holder.__dict__[key] = fresh[id(env)]

@@ -1,0 +1,164 @@
+"""Sockets: no forked worker shares a connected TCP (or TLS) stream with the parent.
+
+A forked worker inherits every descriptor of the parent, and a connected TCP
+socket is one byte stream: an HTTP keep-alive connection made in the
+Dataset's ``__init__`` (``requests.Session``, ``urllib3.PoolManager``,
+botocore, ``http.client``) is then written to and read from by the parent
+and every worker at once, and each reads parts of the others' responses:
+silently wrong bytes, or ``BadStatusLine``.
+
+Hook ``"sockets"``: in each worker, every inherited descriptor of a connected
+(or connecting) ``AF_INET``/``AF_INET6`` stream socket is replaced, under the
+same descriptor number, by a socket of the same family that looks closed by
+its peer: reads return end-of-file, writes fail with ``EPIPE``, ``poll``
+reports it readable and hung up. That is exactly what a keep-alive
+connection the server closed looks like, so:
+
+- urllib3 (and requests, botocore) sees the pooled connection as dropped
+  (``is_connection_dropped``: readable at once) and opens a fresh one in the
+  worker, transparently;
+- ``http.client.HTTPConnection`` objects inherited from the parent reconnect
+  on their next request (this module wraps ``HTTPConnection.putrequest`` in
+  the worker only: a connection on a severed descriptor is closed first, and
+  ``auto_open`` reconnects, as after any ``close()``);
+- any other user reads end-of-file or gets ``BrokenPipeError``: the error a
+  closed connection gives, never another process's bytes.
+
+The parent's connections are not disturbed: the worker only drops its own
+reference to them (``dup2`` over the descriptor), which sends nothing on the
+wire while the parent holds its own; the inherited socket is never shut down
+(``shutdown`` would end the parent's connection too). TLS state in the
+worker's memory is a copy and is discarded with it. Left alone: listening
+sockets, unconnected sockets, Unix sockets and socket pairs (the worker's own
+queues), UDP, and anything that is not a socket.
+
+To share the parent's connections as torch does: ``disable_hooks=("sockets",)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+from typing import Any
+
+from .._registry import register_at_fork
+
+HOOK_NAME = "sockets"
+
+_PROC_FD = "/proc/self/fd"
+# Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
+_TCP_CLOSE = 7
+_TCP_LISTEN = 10
+_INET = (socket.AF_INET, getattr(socket, "AF_INET6", socket.AF_INET))
+
+# In a worker: this process's pid, the closed stand-in socket of each family
+# (kept open so that its inode, by which severed descriptors are recognised,
+# is not reused), and those inodes.
+_pid = -1
+_stand_ins: dict[int, socket.socket] = {}
+_severed_inodes: set[int] = set()
+
+
+def register() -> None:
+    # First among the data backends: any later hook (or library at-fork
+    # handler) that closes a TLS connection must write its close_notify into
+    # the stand-in, not into the parent's stream.
+    register_at_fork(after_in_child=sever_inherited_connections, name=HOOK_NAME, priority=80)
+
+
+def sever_inherited_connections() -> None:
+    """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
+    if not os.path.isdir(_PROC_FD):
+        return
+    severed = 0
+    for name in os.listdir(_PROC_FD):
+        fd = int(name)
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        family = _connected_tcp_family(fd)
+        if family is not None:
+            os.dup2(_stand_in(family).fileno(), fd, inheritable=os.get_inheritable(fd))
+            severed += 1
+    if severed and "http.client" in sys.modules:
+        _reconnect_http_client_connections()
+
+
+def _connected_tcp_family(fd: int) -> int | None:
+    """The address family of ``fd`` if it is a TCP socket with (or connecting to) a peer."""
+    try:
+        probe = socket.socket(fileno=fd)  # no dup: detached below, never closed
+    except OSError:
+        return None
+    try:
+        if probe.family not in _INET or probe.type != socket.SOCK_STREAM:
+            return None
+        try:
+            state = probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except OSError:  # not TCP after all (MPTCP without TCP_INFO...): leave it
+            return None
+        return None if state in (_TCP_CLOSE, _TCP_LISTEN) else probe.family
+    finally:
+        probe.detach()
+
+
+def _stand_in(family: int) -> socket.socket:
+    """This process's socket of ``family`` that behaves as one closed by its peer."""
+    global _pid
+    if _pid != os.getpid():
+        _pid = os.getpid()
+        _stand_ins.clear()
+        _severed_inodes.clear()
+    stand_in = _stand_ins.get(family)
+    if stand_in is None:
+        stand_in = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # On a socket of our own that never connected, this sets the shutdown
+            # flags only: reads see end-of-file, writes EPIPE, poll POLLIN|POLLHUP.
+            stand_in.shutdown(socket.SHUT_RDWR)
+        except OSError:  # ENOTCONN, as expected: the flags are set regardless
+            pass
+        _stand_ins[family] = stand_in
+        _severed_inodes.add(os.fstat(stand_in.fileno()).st_ino)
+    return stand_in
+
+
+def is_severed(sock: Any) -> bool:
+    """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
+    if _pid != os.getpid() or not _severed_inodes:
+        return False
+    try:
+        fd = sock.fileno()
+        return fd >= 0 and os.fstat(fd).st_ino in _severed_inodes
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def _reconnect_http_client_connections() -> None:
+    """Make inherited ``http.client`` connections reconnect on their next request.
+
+    http.client does not check a kept-alive connection before reusing it; it
+    reconnects only when its socket is None (after ``close()``). Wrapping
+    ``putrequest`` in this worker closes a connection whose socket was severed
+    just before its next request starts (urllib3's subclasses have already
+    replaced theirs by then, and are unaffected).
+    """
+    import http.client
+
+    original = http.client.HTTPConnection.putrequest
+    if getattr(original, "_safeloader_wrapped", False):
+        return
+
+    def putrequest(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sock = self.sock
+        if sock is not None and is_severed(sock):
+            self.close()
+        return original(self, *args, **kwargs)
+
+    putrequest._safeloader_wrapped = True  # type: ignore[attr-defined]
+    putrequest.__wrapped__ = original  # type: ignore[attr-defined]
+    http.client.HTTPConnection.putrequest = putrequest  # type: ignore[method-assign]

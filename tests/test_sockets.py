@@ -1,0 +1,179 @@
+"""HTTP keep-alive connections made in a Dataset's __init__: each worker gets its own.
+
+Under torch's DataLoader the parent and every worker share one TCP stream and
+read each other's responses; the "sockets" hook gives each worker a severed
+descriptor that looks closed by the server, so the clients reconnect.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+
+import numpy as np
+import pytest
+import requests
+import urllib3
+from torch.utils.data import Dataset
+
+from safeloader import DataLoader
+from safeloader.backends import sockets as sockets_backend
+
+from .http_server import CERTIFICATE, COUNT, RECORD, Server
+from .test_files import assert_torch_loader_fails, check_workers_and_parent
+
+pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
+
+CLIENTS = ("requests", "urllib3", "http.client", "requests over TLS", "http.client over TLS")
+
+
+class HttpRecords(Dataset):
+    """Item i: ``/r/i`` fetched through one keep-alive client made here, used once by the parent."""
+
+    def __init__(self, base: str, client: str) -> None:
+        self.base, self.client = base, client.removesuffix(" over TLS")
+        if self.client == "requests":
+            self.session = requests.Session()
+        elif self.client == "urllib3":
+            self.pool = urllib3.PoolManager(maxsize=1)
+        else:
+            host, port = base.split("://")[1].split(":")
+            if base.startswith("https"):
+                context = ssl.create_default_context(cafile=CERTIFICATE)
+                self.connection = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
+            else:
+                self.connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        self[0]  # the parent uses the connection first: it stays open (keep-alive)
+
+    def fetch(self, path: str) -> bytes:
+        if self.client == "requests":
+            # verify per request: a REQUESTS_CA_BUNDLE in the environment overrides Session.verify
+            return self.session.get(self.base + path, timeout=10, verify=CERTIFICATE).content
+        if self.client == "urllib3":
+            return self.pool.request("GET", self.base + path, timeout=10).data
+        self.connection.request("GET", path)
+        return self.connection.getresponse().read()
+
+    def __len__(self) -> int:
+        return COUNT
+
+    def __getitem__(self, i: int):
+        body = self.fetch(f"/r/{i}")
+        if len(body) != RECORD:  # another record's or response's bytes: count it as wrong
+            body = (body + bytes(RECORD))[:RECORD]
+        return i, np.frombuffer(body, np.uint8).copy()
+
+
+def parent_socket(dataset: HttpRecords) -> socket.socket:
+    """The parent's kept-alive socket of the dataset's client."""
+    if dataset.client == "http.client":
+        return dataset.connection.sock
+    manager = dataset.session.get_adapter(dataset.base).poolmanager if dataset.client == "requests" else dataset.pool
+    (key,) = manager.pools.keys()
+    (connection,) = [c for c in manager.pools[key].pool.queue if c is not None]
+    return connection.sock
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client):
+    with Server(tls=client.endswith("TLS")) as server:
+        dataset = HttpRecords(server.base, client)
+        before = parent_socket(dataset).getsockname()
+        check_workers_and_parent(dataset, server.data)
+        # The parent kept its own connection throughout: workers never closed or used it.
+        assert parent_socket(dataset).getsockname() == before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_same_clients_under_torch_loader_read_wrong_bytes_or_fail(client):
+    setup = f"""
+        from tests.http_server import Server
+        from tests.test_sockets import HttpRecords
+        server = Server(tls={client.endswith("TLS")!r}).start()
+        dataset = HttpRecords(server.base, {client!r})
+        expected = server.data
+    """
+    assert_torch_loader_fails(setup)
+
+
+class InheritedSockets(Dataset):
+    """Reports, in the worker, which inherited sockets are still the parent's (by inode)."""
+
+    def __init__(self, server: Server) -> None:
+        self.connected = socket.create_connection(server.httpd.server_address)
+        self.listening = server.httpd.socket
+        self.pair = socket.socketpair()
+        self.unix_listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix_listening.bind("\0safeloader-test-" + str(os.getpid()))
+        self.unix_listening.listen()
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.connect(("127.0.0.1", 9))
+        self.unconnected = socket.socket()
+        self.inodes = self.current_inodes()
+
+    def sockets(self) -> dict[str, socket.socket]:
+        return {"connected": self.connected, "listening": self.listening, "pair": self.pair[0],
+                "unix_listening": self.unix_listening, "udp": self.udp, "unconnected": self.unconnected}
+
+    def current_inodes(self) -> dict[str, int]:
+        return {name: os.fstat(s.fileno()).st_ino for name, s in self.sockets().items()}
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int):
+        kept = {name: ino == self.inodes[name] for name, ino in self.current_inodes().items()}
+        if kept["connected"]:  # still the parent's stream (hook disabled): do not touch it
+            return {"kept": kept}
+        read = self.connected.recv(10)
+        try:
+            self.connected.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            send_error = ""
+        except OSError as exc:
+            send_error = type(exc).__name__
+        self.pair[0].sendall(b"ping")  # the worker's own socketpair end still reaches the parent's
+        return {"kept": kept, "read": read, "send_error": send_error}
+
+    def close(self) -> None:
+        for s in (*self.sockets().values(), self.pair[1]):
+            if s is not self.listening:
+                s.close()
+
+
+def test_only_connected_tcp_sockets_are_replaced_and_look_closed_by_the_peer():
+    with Server() as server:
+        dataset = InheritedSockets(server)
+        try:
+            (item,) = list(DataLoader(dataset, batch_size=None, num_workers=1))
+            assert item["kept"] == {"connected": False, "listening": True, "pair": True, "unix_listening": True,
+                                    "udp": True, "unconnected": True}
+            assert item["read"] == b""  # end-of-file, as from a server that closed the connection
+            assert item["send_error"] == "BrokenPipeError"
+            assert dataset.pair[1].recv(4) == b"ping"
+            # The parent's connection is untouched: still the same, still connected.
+            assert dataset.current_inodes() == dataset.inodes
+            assert dataset.connected.getpeername() == server.httpd.server_address
+            dataset.connected.sendall(b"GET /r/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+            response = http.client.HTTPResponse(dataset.connected)
+            response.begin()
+            assert response.read() == server.data[3].tobytes()
+        finally:
+            dataset.close()
+
+
+def test_sockets_hook_can_be_disabled_per_loader():
+    with Server() as server:
+        dataset = InheritedSockets(server)
+        try:
+            (item,) = list(DataLoader(dataset, batch_size=None, num_workers=1, disable_hooks=("sockets",)))
+            assert item["kept"]["connected"] is True
+        finally:
+            dataset.close()
+
+
+def test_is_severed_is_false_outside_workers():
+    with socket.socket() as s:
+        assert not sockets_backend.is_severed(s)
