@@ -20,7 +20,9 @@ from typing import Any
 from .._registry import register_at_fork
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
-BUILTIN: tuple[str, ...] = ("zarrs", "files", "h5py", "npz", "threadpools", "torch_state", "gc_freeze", "pin_memory")
+BUILTIN: tuple[str, ...] = (
+    "zarrs", "polars", "files", "h5py", "npz", "threadpools", "torch_state", "gc_freeze", "pin_memory",
+)
 
 _modules: list[ModuleType] = []
 

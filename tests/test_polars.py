@@ -1,0 +1,112 @@
+"""polars in forked workers: torch's workers hang once the parent used polars' pool; safeloader's run it.
+
+Each scenario runs in a child process under a deadline (tests/subproc.py).
+The parent runs a group_by on enough rows to start polars' rayon pool, as a
+Dataset that prepares its data in ``__init__`` does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .subproc import check_python, run_python
+
+pytest.importorskip("polars")  # in the test extra; skipped only where the extra is not installed
+
+SETUP = """
+import os, sys, time
+import numpy as np
+import polars as pl
+import torch
+from torch.utils.data import Dataset
+N = 300_000
+frame = pl.DataFrame({{"k": np.arange(N) % 97, "v": np.arange(N)}})
+frame.group_by("k").agg(pl.col("v").sum())  # starts polars' pool in the parent
+os.makedirs({tmp!r}, exist_ok=True)
+for i in range(4):
+    frame.slice(i * 1000, 1000).write_parquet(os.path.join({tmp!r}, f"{{i}}.parquet"))
+
+class Files(Dataset):
+    def __len__(self): return 4
+    def __getitem__(self, i):
+        return int(pl.read_parquet(os.path.join({tmp!r}, f"{{i}}.parquet"))["v"].sum())
+
+class Inherited(Dataset):
+    # Built in __init__, used in the workers: a DataFrame, a Series, an expression, a file scan.
+    def __init__(self):
+        self.frame = frame
+        self.series = frame["v"]
+        self.expr = (pl.col("v") * 2).alias("w")
+        self.scan = pl.scan_parquet(os.path.join({tmp!r}, "*.parquet"))
+    def __len__(self): return 4
+    def __getitem__(self, i):
+        part = self.frame.slice(i * 50_000, 50_000).group_by("k").agg(pl.col("v").sum()).sort("k")
+        scanned = self.scan.filter(pl.col("k") == i).select(self.expr).collect()
+        return [part["v"].to_list(), int(self.series[i * 7]), scanned["w"].to_list()]
+"""
+
+
+def test_torch_workers_hang_after_the_parent_used_polars(tmp_path):
+    code = SETUP.format(tmp=str(tmp_path)) + """
+from torch.utils.data import DataLoader
+print(list(DataLoader(Files(), batch_size=None, num_workers=2)))
+"""
+    result = run_python(code, timeout=25)
+    assert result.timed_out, f"torch's workers were expected to hang on polars' inherited pool:\n{result}"
+
+
+@pytest.mark.parametrize("dataset", ["Files", "Inherited"])
+def test_safeloader_workers_run_polars_and_match_a_direct_read(tmp_path, dataset):
+    code = SETUP.format(tmp=str(tmp_path)) + f"""
+import safeloader
+from safeloader.backends import polars as backend
+
+def check(worker_id):
+    assert backend.worker_runtime() == "copy", backend.worker_runtime()
+    assert pl.thread_pool_size() == 1, pl.thread_pool_size()  # the worker's own pool, of thread_budget threads
+
+ds = {dataset}()
+expected = [ds[i] for i in range(len(ds))]
+got = list(safeloader.DataLoader(ds, batch_size=None, num_workers=2, thread_budget=1, worker_init_fn=check))
+assert got == list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)) == expected, (got, expected)
+print("ok")
+"""
+    assert "ok" in check_python(code, timeout=90).stdout
+
+
+def test_lazyframe_on_an_in_memory_frame_fails_at_once_naming_the_fix(tmp_path):
+    code = SETUP.format(tmp=str(tmp_path)) + """
+import safeloader
+
+class Lazy(Dataset):
+    def __init__(self): self.lazy = frame.lazy().filter(pl.col("k") > 3)
+    def __len__(self): return 2
+    def __getitem__(self, i): return self.lazy.collect().height
+
+start = time.monotonic()
+try:
+    list(safeloader.DataLoader(Lazy(), batch_size=None, num_workers=2))
+except Exception as exc:
+    text = str(exc)
+    assert "PolarsInheritedObjectError" in text and "LazyFrame" in text and ".lazy() in the worker" in text, text
+    assert time.monotonic() - start < 10
+    print("refused")
+"""
+    assert "refused" in check_python(code, timeout=60).stdout
+
+
+def test_parent_that_never_started_the_pool_keeps_the_inherited_module(tmp_path):
+    code = """
+import polars as pl, torch, safeloader
+from safeloader.backends import polars as backend
+
+class Small(torch.utils.data.Dataset):
+    def __len__(self): return 2
+    def __getitem__(self, i):
+        assert backend.worker_runtime() == "inherited"
+        return int(pl.DataFrame({"a": [i, i + 1, i]}).group_by("a").len().height)
+
+assert not backend.pools_live()
+print(list(safeloader.DataLoader(Small(), batch_size=None, num_workers=2)))
+"""
+    assert check_python(code, timeout=60).stdout.strip() == "[2, 2]"
