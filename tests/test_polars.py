@@ -110,3 +110,33 @@ assert not backend.pools_live()
 print(list(safeloader.DataLoader(Small(), batch_size=None, num_workers=2)))
 """
     assert check_python(code, timeout=60).stdout.strip() == "[2, 2]"
+
+
+def test_stall_report_names_polars_rayon_pool_when_the_backend_is_off(tmp_path):
+    code = SETUP.format(tmp=str(tmp_path)) + """
+import safeloader
+loader = safeloader.DataLoader(Files(), batch_size=None, num_workers=1, stall_timeout=2, disable_hooks=("polars",))
+try:
+    list(loader)
+except safeloader.WorkerStallError as exc:
+    print(str(exc))
+"""
+    out = check_python(code, timeout=90).stdout
+    assert "polars' rayon pool, inherited without its threads" in out, out
+    assert "_polars_runtime" in out and "disable_hooks" in out, out  # where it waits, and the fix
+
+
+def test_doctor_names_polars_pools_and_whether_a_backend_resets_them():
+    code = """
+import numpy as np, polars as pl, safeloader
+pl.DataFrame({"a": np.arange(100_000) % 7}).group_by("a").len()
+def polars_hazards():
+    return [h for h in safeloader.doctor(file=None)["live_at_fork"] if "polars' rayon pool" in h["what"]]
+found = polars_hazards()
+assert len(found) == 1 and found[0]["handled"] and "polars-0" in found[0]["what"], found
+safeloader.disable("polars")
+found = polars_hazards()
+assert not found[0]["handled"] and "on_unsafe_fork='forkserver'" in found[0]["safeloader_will"], found
+print("ok")
+"""
+    assert "ok" in check_python(code, timeout=60).stdout
