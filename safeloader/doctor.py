@@ -338,6 +338,7 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
             "freeze_gc": options.freeze_gc,
             "stall_timeout": options.stall_timeout,
             "disable_hooks": sorted(options.disable_hooks),
+            "on_unsafe_fork": options.on_unsafe_fork,
         },
         "hooks": _hooks(),
         "live_at_fork": _hazards(state),

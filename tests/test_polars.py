@@ -140,3 +140,57 @@ assert not found[0]["handled"] and "on_unsafe_fork='forkserver'" in found[0]["sa
 print("ok")
 """
     assert "ok" in check_python(code, timeout=60).stdout
+
+
+DATASET_MODULE = """
+import os
+import polars as pl
+import torch
+
+class Files(torch.utils.data.Dataset):
+    def __init__(self, folder): self.folder = folder
+    def __len__(self): return 4
+    def __getitem__(self, i):
+        frame = pl.read_parquet(os.path.join(self.folder, f"{i}.parquet"))
+        return int(frame["v"].sum()), os.getppid()
+"""
+
+
+def _unsafe_fork_code(tmp_path, loader_options):
+    (tmp_path / "polars_files.py").write_text(DATASET_MODULE)
+    return SETUP.format(tmp=str(tmp_path / "data")) + f"""
+import warnings
+import safeloader
+from polars_files import Files as ModuleFiles
+ds = ModuleFiles({str(tmp_path / "data")!r})
+expected = [ds[i][0] for i in range(4)]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loader = safeloader.DataLoader(ds, batch_size=None, num_workers=2, disable_hooks=("polars",), {loader_options})
+    try:
+        got = list(loader)
+    except safeloader.WorkerStallError as exc:
+        got = None
+        print("STALLED:", exc)
+print("WARNINGS", [str(w.message) for w in caught if issubclass(w.category, safeloader.UnsafeForkWarning)])
+if got is not None:
+    assert [value for value, _ in got] == expected, (got, expected)
+    print("FORKED" if all(ppid == os.getpid() for _, ppid in got) else "NOT FORKED")
+"""
+
+
+def test_on_unsafe_fork_forkserver_starts_workers_that_run_a_pool_no_backend_resets(tmp_path):
+    # The 'polars' backend is off: polars stands for any Rust library safeloader has no backend for.
+    code = _unsafe_fork_code(tmp_path, "on_unsafe_fork='forkserver'")
+    result = check_python(code, timeout=120, env={"PYTHONPATH": str(tmp_path)})
+    assert "NOT FORKED" in result.stdout and "WARNINGS []" in result.stdout, result
+
+
+def test_default_warns_at_fork_naming_the_library_and_the_option(tmp_path):
+    # Same loader without the option: it forks, warns, and its workers hang in polars' inherited pool.
+    code = _unsafe_fork_code(tmp_path, "stall_timeout=2")
+    out = check_python(code, timeout=60, env={"PYTHONPATH": str(tmp_path)}).stdout
+    warned = out.split("WARNINGS", 1)[1]
+    assert warned.count("UnsafeForkWarning") == 0 and "polars' rayon pool and tokio runtime" in warned, out
+    assert "on_unsafe_fork='forkserver'" in warned, out
+    assert "STALLED:" in out and "polars' rayon pool, inherited without its threads" in out, out
