@@ -46,6 +46,7 @@ _modules_seen: tuple[int, str, object] | None = None
 _risky: tuple[str, ...] = ()  # extension libraries linking a rayon/tokio runtime
 _thread_owner: dict[int, tuple[str, ...]] = {}  # tid -> libraries on its stack (threads keep their owner)
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_owners: list[str] = []  # packages owning the pools last found: preloaded by the forkserver
 
 
 def _state() -> tuple[int, str, object]:
@@ -97,6 +98,7 @@ def hazards(options: Options) -> list[str]:
     found = []
     with _lock:
         risky = [lib for lib in _risky_libraries() if not _backend_active(native_pools.owner(lib), options)]
+        _owners.clear()
         if risky:
             threads = _libraries_of_threads()
             for library in risky:
@@ -104,6 +106,7 @@ def hazards(options: Options) -> list[str]:
                 if live:
                     kinds = native_pools.runtimes(library)
                     found.append(f"{native_pools.describe(library, kinds)} ({len(live)} live thread(s))")
+                    _owners.append(native_pools.owner(library))
     if not _backend_active("threadpools", options):
         from . import forkstate
 
@@ -142,14 +145,15 @@ def apply(loader: Any, options: Options, start_method: str) -> None:
 
 
 def forkserver_context(loader: Any) -> Any:
-    """multiprocessing's forkserver context, preloaded with torch and the Dataset's module.
+    """multiprocessing's forkserver context, preloaded with torch, the Dataset's module and the
+    packages whose pools made the fork unsafe (imported in the server, their pools not started).
 
     The preload list applies when the server starts (the first forkserver
     start in this process); later loaders reuse the server.
     """
     preload = list(PRELOAD)
-    module = type(loader.dataset).__module__
-    if module and module != "__main__" and module not in preload:
-        preload.append(module)
+    for module in [*(name for name in _owners if name in sys.modules), type(loader.dataset).__module__]:
+        if module and module != "__main__" and module not in preload:
+            preload.append(module)
     multiprocessing.set_forkserver_preload(preload)
     return multiprocessing.get_context("forkserver")
