@@ -45,6 +45,7 @@ _LAZY = {
     "installed": ("._install", "installed"),
     "doctor": (".doctor", "doctor"),
     "WorkerStallError": (".watchdog", "WorkerStallError"),
+    "UnsafeForkWarning": ("._unsafe_fork", "UnsafeForkWarning"),
 }
 
 
@@ -74,6 +75,7 @@ __all__ = [
     "Options",
     "RegistrationError",
     "SafeDataLoader",
+    "UnsafeForkWarning",
     "WorkerStallError",
     "configure",
     "disable",

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry, backends, watchdog
+from . import _registry, _unsafe_fork, backends, watchdog
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -32,7 +32,7 @@ DEFAULT = _Default.DEFAULT
 
 T_co = TypeVar("T_co", covariant=True)
 
-OPTION_NAMES = ("zarrs_mode", "thread_budget", "freeze_gc", "stall_timeout", "disable_hooks")
+OPTION_NAMES = ("zarrs_mode", "thread_budget", "freeze_gc", "stall_timeout", "disable_hooks", "on_unsafe_fork")
 
 
 class WorkerInit:
@@ -92,6 +92,7 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         # method explicitly with set_start_method() keeps it.
         if torch.multiprocessing.get_start_method(allow_none=True) is None:
             object.__setattr__(loader, "multiprocessing_context", "fork")
+    _unsafe_fork.apply(loader, options, _start_method(loader))  # may switch to forkserver (on_unsafe_fork)
     start_method = _start_method(loader)
     watch = watchdog.start_watch(loader, options, start_method)
     object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
@@ -174,10 +175,11 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
         freeze_gc: bool | _Default = DEFAULT,
         stall_timeout: float | _Default | None = DEFAULT,
         disable_hooks: Any = DEFAULT,
+        on_unsafe_fork: str | _Default = DEFAULT,
         **kwargs: Any,
     ) -> None:
         # Validate our options now, not at the first fork.
-        given = zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks))
+        given = zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks, on_unsafe_fork))
         checked = get_options().replace(**{name: value for name, value in given if value is not DEFAULT})
         if disable_hooks is not DEFAULT:
             _registry.check_hook_names(checked.disable_hooks)
@@ -203,6 +205,7 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
         self.freeze_gc = freeze_gc
         self.stall_timeout = stall_timeout
         self.disable_hooks = disable_hooks
+        self.on_unsafe_fork = on_unsafe_fork
 
     def _get_iterator(self) -> Any:
         return start_armed(self, super()._get_iterator)

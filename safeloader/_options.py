@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 ZARRS_MODES = ("pool", "serial", "python")
+UNSAFE_FORK_POLICIES = ("warn", "forkserver", "ignore")
 
 
 def available_cores() -> int:
@@ -46,6 +47,11 @@ class Options:
     a worker's start and first item get twice as long (``watchdog.FIRST_ITEM_FACTOR``)."""
     disable_hooks: frozenset[str] = frozenset()
     """Names of hooks (built-in backends included) not to run."""
+    on_unsafe_fork: str = "warn"
+    """What a loader that would fork does when the parent holds a pool no backend resets (a live rayon
+    or tokio pool of a library without a backend; GNU OpenMP with "threadpools" off): "warn" (fork,
+    with an ``UnsafeForkWarning`` naming the library), "forkserver" (start those workers with
+    forkserver, preloaded with torch and the Dataset's module) or "ignore" (fork, silently)."""
 
     def __post_init__(self) -> None:
         if self.zarrs_mode not in ZARRS_MODES:
@@ -58,6 +64,8 @@ class Options:
         timeout = self.stall_timeout
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"stall_timeout must be None or a number > 0, got {timeout!r}")
+        if self.on_unsafe_fork not in UNSAFE_FORK_POLICIES:
+            raise ValueError(f"on_unsafe_fork must be one of {UNSAFE_FORK_POLICIES}, got {self.on_unsafe_fork!r}")
         if isinstance(self.disable_hooks, str) or not isinstance(self.disable_hooks, Iterable):
             raise TypeError(f"disable_hooks must be an iterable of hook names, got {self.disable_hooks!r}")
         object.__setattr__(self, "disable_hooks", frozenset(self.disable_hooks))

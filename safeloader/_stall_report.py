@@ -271,6 +271,9 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
             f"Fix: {_hook_state('h5py', watch)}; do not use h5py from other threads while workers start."
         )
     main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
+    pool = native_pool_cause(main_native, watch)
+    if pool is not None:
+        return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
     in_futex = main_native is not None and "futex" in main_native.kernel_wait
     in_lock = (
@@ -292,6 +295,58 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
         "unknown: no known pool or lock in the stacks. A native library's thread pool or lock inherited across "
         f"fork, or a blocking I/O call, are the usual suspects: look at the stacks below.{kernel}"
     )
+
+
+def native_pool_cause(main: NativeThread | None, watch: Watch) -> str | None:
+    """A worker whose main thread waits inside a library that runs a rayon pool or a tokio runtime.
+
+    Stripped Rust libraries show no frame names: the library the frames lie in
+    says whose pool it is, its bytes which runtime it links (``native_pools``),
+    and the parent (this process), which still has that pool's threads, says
+    it was live at the fork.
+    """
+    if main is None or not main.frames:
+        return None
+    from . import native_pools
+
+    library = next((lib for lib, _ in main.frames if not any(s in lib for s in _SYSTEM_LIBRARIES)), None)
+    if library is None:
+        return None
+    kinds = native_pools.runtimes_in_symbols([symbol for lib, symbol in main.frames if lib == library])
+    kinds = kinds or native_pools.runtimes(library)
+    if not kinds:
+        return None
+    owner = native_pools.owner(library)
+    what = native_pools.describe(library, kinds[:1])
+    also = f" (it also runs a {', '.join(kinds[1:])}, inherited the same way)" if kinds[1:] else ""
+    hook = next((h for h in _registry.hooks() if h.name == owner), None)
+    fix = (
+        _hook_state(owner, watch)
+        if hook is not None
+        else f"no safeloader backend resets {owner}'s pools: pass on_unsafe_fork='forkserver' to the loader "
+        "(or safeloader.configure(on_unsafe_fork='forkserver')), or do not use the library in the parent "
+        "before the workers start"
+    )
+    return (
+        f"{what}, inherited without its threads: the worker waits in {short_library(library)} ({owner}), which "
+        f"runs a {kinds[0]}{also}. The parent started it before the fork (its threads: "
+        f"{_parent_thread_names() or 'none named'}); a forked child has the pool's bookkeeping but none of its "
+        f"threads, so the job it queued never runs. Fix: {fix}."
+    )
+
+
+def _parent_thread_names() -> str:
+    """This process's thread names other than Python's own, counted (``polars-0 x1, tokio-rt-worker x2``)."""
+    counts: dict[str, int] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return ""
+    for tid in tids:
+        name = _read_proc(f"/proc/self/task/{tid}/comm")
+        if name and name not in ("python", "python3", "pt_main_thread"):
+            counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
 
 
 def _waits_on_lock(report: StallReport) -> bool:

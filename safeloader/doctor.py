@@ -36,6 +36,7 @@ DISTRIBUTIONS = ("torch-safeloader", "torch", "numpy", "zarr", "zarrs", "h5py", 
 # What each built-in hook does, for the hook table and the hazards.
 HOOK_ACTIONS = {
     "zarrs": "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)",
+    "polars": "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)",
     "files": "each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset",
     "h5py": "HDF5 files the parent holds writable are made read-only in workers, with a warning",
     "sockets": "each worker's inherited connected TCP/TLS sockets look closed by the server: clients reconnect",
@@ -183,7 +184,17 @@ def _classify(libraries: list[str], waits_in: str | None) -> str:
         if base.startswith(("libiomp", "libomp")):
             return "LLVM/Intel OpenMP"
     owner = next(iter(everything), None)
-    return os.path.basename(owner) if owner else "unknown library"
+    if owner is None:
+        return "unknown library"
+    return _runtime_owner(owner) or os.path.basename(owner)
+
+
+def _runtime_owner(path: str) -> str | None:
+    """ "polars' rayon pool and tokio runtime" for a library that links such runtimes (any Rust extension)."""
+    from . import native_pools
+
+    kinds = native_pools.runtimes(path)
+    return native_pools.describe(path, kinds) if kinds else None
 
 
 def _open_h5py_files() -> list[dict[str, Any]]:
@@ -253,6 +264,20 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 _plan("threadpools", HOOK_ACTIONS["threadpools"]),
                 _hook_runs("threadpools"),
             )
+        elif owner.endswith(("rayon pool", "tokio runtime")):
+            library = owner.split("'", 1)[0]
+            handled = _hook_runs(library) if any(h.name == library for h in _registry.hooks()) else False
+            names = sorted({t.name for t in state.native_threads if t.tid in tids})
+            add(
+                "pool",
+                f"{owner} is live: {what}, named {', '.join(names[:8])}. A forked worker inherits it without "
+                "its threads: its first parallel call hangs",
+                HOOK_ACTIONS.get(library, "")
+                if handled
+                else "nothing resets it; the stall watchdog names a worker that hangs on it. Start workers safely "
+                "with on_unsafe_fork='forkserver' (per loader or safeloader.configure)",
+                handled,
+            )
         else:
             add(
                 "native threads",
@@ -316,6 +341,7 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
             "freeze_gc": options.freeze_gc,
             "stall_timeout": options.stall_timeout,
             "disable_hooks": sorted(options.disable_hooks),
+            "on_unsafe_fork": options.on_unsafe_fork,
         },
         "hooks": _hooks(),
         "live_at_fork": _hazards(state),

@@ -21,7 +21,7 @@ from .._registry import register_at_fork
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
 BUILTIN: tuple[str, ...] = (
-    "zarrs", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
+    "zarrs", "polars", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
     "threadpools", "torch_state", "gc_freeze", "pin_memory",
 )
 

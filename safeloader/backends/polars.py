@@ -1,0 +1,250 @@
+"""Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging.
+
+polars (2.x) runs its queries on a rayon thread pool, its async I/O on a tokio
+runtime and an async executor, all statics of ``_polars_runtime.abi3.so``. Once
+the parent has used them (a ``group_by`` or ``sort`` on a large frame, a
+parquet read), a forked worker inherits them without their threads: its
+first parallel query waits forever (``rayon_core::latch::LockLatch``,
+``tokio::runtime::park``). ``POLARS_MAX_THREADS`` is read once, when the pool
+is built, and polars has no call to rebuild it.
+
+Each worker therefore loads its own copy of the runtime extension (see
+``_extension_copy``), with a fresh pool of ``thread_budget`` threads (default
+cores // num_workers), and points every polars name at it; DataFrames,
+Series, expressions and file-scanning LazyFrames built in the parent move to
+it on first use (``polars_objects``). When the parent never started the pool
+(no polars threads live at the fork), the worker keeps the inherited module:
+it builds its own pool on first use.
+
+Supported: polars >=2.0,<3 (``SUPPORTED``). Otherwise, or if the copy cannot be
+loaded, workers raise ``PolarsForkError`` on their first polars call, naming
+the fix, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+
+from .._options import default_thread_budget
+from .._registry import fork_context, register_at_fork
+from . import _extension_copy, polars_objects
+from .polars_objects import PolarsInheritedObjectError
+
+NAME = "polars"
+PACKAGES = ("polars", "_polars_runtime_32", "_polars_runtime_64", "_polars_runtime_compat")
+SUPPORTED = ((2, 0), (3, 0))
+# Threads polars' runtime starts: its rayon pool ("polars-0"...), tokio ("tokio-rt-worker"),
+# its async executor. Any of them live: the pools exist. (Importing polars starts only its
+# out-of-core cleaner, "polars-ooc-clea", and jemalloc's threads: the pools start on first use.)
+RUNTIME_THREAD = re.compile(r"^(polars-\d+$|tokio-|async-executor)")
+
+__all__ = ["NAME", "PolarsForkError", "PolarsInheritedObjectError", "register", "worker_runtime"]
+
+
+class PolarsForkError(RuntimeError):
+    """polars cannot be made safe in this forked worker."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Decided in the parent before each fork, inherited by the worker."""
+
+    threads: int
+    copy_fd: int | None  # the runtime copy to load; None: the inherited module is safe as is
+    references: tuple[_extension_copy.Reference, ...] = ()
+    slots: tuple[polars_objects.Slot, ...] = ()
+    problem: str | None = None  # why polars cannot be made safe (the worker refuses polars calls)
+
+
+_local = threading.local()  # .plan: the Plan of the worker this thread is forking
+_setup_lock = threading.Lock()
+_copy_fd: int | None = None
+_copy_problem: str | None = None
+_cache: tuple[tuple[int, str, object], tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]] | None
+_cache = None
+_worker_runtime: str | None = None  # in a worker: "copy" or "inherited"
+
+
+def _new_lock_in_child() -> None:
+    global _setup_lock
+    _setup_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def register() -> None:
+    register_at_fork(
+        before=_before,
+        after_in_parent=_after_in_parent,
+        after_in_child=_after_in_child,
+        name=NAME,
+        requires=("polars",),
+    )
+
+
+def worker_runtime() -> str | None:
+    """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started polars' pools); else None."""
+    return _worker_runtime
+
+
+def runtime_module() -> ModuleType | None:
+    """polars' native extension module (``polars._plr`` is replaced by it at import)."""
+    return sys.modules.get("polars._plr")
+
+
+def pools_live() -> bool:
+    """Whether polars' thread pools run in this process (their threads are named by polars)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if RUNTIME_THREAD.match(comm.read()):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _version_problem() -> str | None:
+    version = getattr(sys.modules.get("polars"), "__version__", "")
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or not (SUPPORTED[0] <= (int(match[1]), int(match[2])) < SUPPORTED[1]):
+        low, high = (".".join(map(str, v)) for v in SUPPORTED)
+        return f"polars must be >={low},<{high}, got {version!r}"
+    native = runtime_module()
+    path = getattr(native, "__file__", None)
+    if native is None or not isinstance(path, str) or not os.path.isfile(path):
+        return f"polars._plr must be an extension module loaded from a file, got {native!r}"
+    return None
+
+
+def _ensure_copy() -> str | None:
+    global _copy_fd, _copy_problem
+    if _copy_fd is None and _copy_problem is None:
+        _copy_problem = _version_problem()
+        if _copy_problem is None:
+            source = runtime_module().__file__  # type: ignore[union-attr]
+            try:
+                _copy_fd = _extension_copy.make_copy(source, "polars")
+            except OSError as exc:
+                _copy_problem = f"a copy of {source}: {type(exc).__name__}: {exc}"
+    return _copy_problem
+
+
+def _state() -> tuple[int, str, object]:
+    last = next(reversed(sys.modules))
+    return len(sys.modules), last, sys.modules.get(last)
+
+
+def _references() -> tuple[tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]]:
+    """What the worker must move, found again after any import (O(1) per fork otherwise)."""
+    global _cache
+    state = _state()
+    if _cache is None or _cache[0] != state:
+        native = runtime_module()
+        assert native is not None
+        _cache = (state, _extension_copy.find_references(native, PACKAGES), polars_objects.find_slots(native))
+    return _cache[1], _cache[2]
+
+
+def _before() -> None:
+    context = fork_context()
+    if context is None:
+        return
+    budget = context.options.thread_budget
+    threads = budget if budget is not None else default_thread_budget(context.num_workers)
+    if not pools_live():
+        _local.plan = Plan(threads, None)
+        return
+    with _setup_lock:
+        problem = _ensure_copy()
+        if problem is not None:
+            _local.plan = Plan(threads, None, problem=problem)
+            return
+        references, slots = _references()
+        _local.plan = Plan(threads, _copy_fd, references, slots)
+
+
+def _after_in_parent() -> None:
+    _local.plan = None
+
+
+def _after_in_child() -> None:
+    global _copy_fd, _copy_problem, _cache, _worker_runtime
+    plan = getattr(_local, "plan", None)
+    _local.plan = None
+    inherited_fd, _copy_fd, _copy_problem, _cache = _copy_fd, None, None, None  # a loader in this worker starts over
+    try:
+        if plan is None:
+            return
+        if plan.problem is not None:
+            _refuse_polars(plan.problem)
+            return
+        if plan.copy_fd is None:
+            _worker_runtime = "inherited"
+            return
+        _load_copy(plan)
+        _worker_runtime = "copy"
+    finally:
+        if inherited_fd is not None:
+            os.close(inherited_fd)
+
+
+def _load_copy(plan: Plan) -> None:
+    assert plan.copy_fd is not None
+    os.environ["POLARS_MAX_THREADS"] = str(plan.threads)  # read when the copy builds its pool
+    old = runtime_module()
+    assert old is not None
+    config = _saved_config()
+    try:
+        new = _extension_copy.load_copy(old.__name__, plan.copy_fd)
+        new.__file__ = old.__file__  # same bytes; the descriptor's path dies with it
+        _extension_copy.rebind(old, new, plan.references)
+    except Exception as exc:
+        _refuse_polars(f"loading a private copy of polars' runtime failed: {type(exc).__name__}: {exc}")
+        return
+    for name in [name for name, module in sys.modules.items() if module is old]:
+        sys.modules[name] = new  # polars._plr and _polars_runtime_*._polars_runtime
+    _extension_copy.clear_caches(("polars",))
+    polars_objects.install(old, new, plan.slots)
+    if config is not None:
+        try:
+            sys.modules["polars"].Config.load(config)
+        except Exception:  # a setting the copy refuses: defaults are still correct results
+            pass
+
+
+def _saved_config() -> str | None:
+    """The parent's ``pl.Config`` settings (some live in the runtime's statics, which the copy lacks)."""
+    try:
+        return sys.modules["polars"].Config.save()
+    except Exception:
+        return None
+
+
+def _refuse_polars(problem: str) -> None:
+    """Make every call into the inherited polars runtime raise: better than hanging on its pool."""
+    message = (
+        f"safeloader: polars cannot run in this forked DataLoader worker (pid {os.getpid()}): the parent started "
+        f"polars' thread pool before the fork, and {problem}. Use multiprocessing_context='forkserver' (or "
+        "safeloader's on_unsafe_fork='forkserver'), or do not use polars in the parent before workers start."
+    )
+    native = runtime_module()
+    if native is None:
+        return
+    sys.modules[native.__name__] = sys.modules["polars._plr"] = _Refusing(native.__name__, message)
+    raise PolarsForkError(message)
+
+
+class _Refusing(ModuleType):
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(name)
+        self._message = message
+
+    def __getattr__(self, attribute: str) -> object:
+        raise PolarsForkError(self._message)

@@ -1,0 +1,77 @@
+"""Which library owns a native thread pool, and what kind of pool it is: for diagnostics.
+
+Rust extensions link their runtimes statically (rayon's global pool, tokio's
+runtime), and their wheels are stripped: a thread waiting in one shows only
+unnamed frames inside the extension's shared object. The object's bytes still
+name the crates they were built from (panic messages carry source paths such
+as ``rayon-core-1.12.1/src/latch.rs``), which tells what runs inside; the
+module that loaded the object tells whose it is (``polars`` for
+``_polars_runtime_32/_polars_runtime.abi3.so``).
+
+Used by ``safeloader doctor`` and the stall report, never around a fork: a
+scan reads up to the whole file (about 0.1-0.3 s for polars' 170 MB runtime),
+once per library per process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+
+__all__ = ["RUNTIME_MARKERS", "describe", "owner", "runtimes"]
+
+# Crate names as they appear in a Rust binary's panic locations and type names.
+RUNTIME_MARKERS: dict[str, tuple[bytes, ...]] = {
+    "rayon pool": (b"rayon-core-", b"rayon_core::"),
+    "tokio runtime": (b"tokio-1.", b"tokio::runtime"),
+}
+# Symbol fragments of the same runtimes, for libraries that kept their symbols.
+RUNTIME_SYMBOLS: dict[str, tuple[str, ...]] = {
+    "rayon pool": ("rayon_core", "rayon::"),
+    "tokio runtime": ("tokio::", "tokio_"),
+}
+
+_runtimes: dict[str, tuple[str, ...]] = {}
+
+
+def runtimes(path: str) -> tuple[str, ...]:
+    """The runtimes with their own thread pools linked into the shared object ``path`` ("rayon pool", ...)."""
+    real = os.path.realpath(path)
+    found = _runtimes.get(real)
+    if found is None:
+        kinds = []
+        try:
+            with open(real, "rb") as library, mmap.mmap(library.fileno(), 0, prot=mmap.PROT_READ) as data:
+                for kind, markers in RUNTIME_MARKERS.items():
+                    if any(data.find(marker) >= 0 for marker in markers):
+                        kinds.append(kind)
+        except (OSError, ValueError):  # unreadable, or empty
+            pass
+        found = _runtimes[real] = tuple(kinds)
+    return found
+
+
+def runtimes_in_symbols(symbols: list[str]) -> tuple[str, ...]:
+    return tuple(kind for kind, parts in RUNTIME_SYMBOLS.items() if any(p in s for s in symbols for p in parts))
+
+
+def owner(path: str) -> str:
+    """The name of the Python package that loaded ``path`` ("polars"), or the library's file name."""
+    real = os.path.realpath(path)
+    names = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".so") and os.path.realpath(file) == real:
+            names.append(name)
+    public = [name for name in names if not name.split(".")[0].startswith("_")]
+    if public or names:
+        return (public or names)[0].split(".")[0]
+    return os.path.basename(real)
+
+
+def describe(path: str, kinds: tuple[str, ...]) -> str:
+    """ "polars' rayon pool and tokio runtime" """
+    name = owner(path)
+    possessive = "'" if name.endswith("s") else "'s"
+    return f"{name}{possessive} {' and '.join(kinds) or 'native threads'}"
