@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 import sys
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -77,28 +79,48 @@ def _start_method(loader: Any) -> str:
     return (context or torch.multiprocessing.get_context()).get_start_method()
 
 
+_start_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_start_locks_lock = threading.Lock()
+
+
+def _start_lock(loader: Any) -> threading.RLock:
+    """One lock per loader: its attributes are swapped while torch starts its workers,
+    so two threads calling ``iter(loader)`` at once must not interleave the swaps."""
+    with _start_locks_lock:
+        lock = _start_locks.get(loader)
+        if lock is None:
+            lock = _start_locks[loader] = threading.RLock()
+        return lock
+
+
 def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
     if loader.num_workers == 0 or getattr(_registry._local, "arming", None) is not None:
         return start()  # no workers, or already armed by an outer call
+    with _start_lock(loader):
+        return _start_armed(loader, start)
+
+
+def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     options = resolve_options(loader)
     user_init, user_context = loader.worker_init_fn, loader.multiprocessing_context
     # The user's attributes are swapped only while torch reads them to start
     # the workers; trainers that rebuild the loader see the user's values.
     # object.__setattr__ bypasses a __setattr__ that records attribute sets
     # (Lightning's, while it runs a fit), which would replay our swap later.
-    if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
-        # Python 3.14 made forkserver the default; a user who set a start
-        # method explicitly with set_start_method() keeps it.
-        if torch.multiprocessing.get_start_method(allow_none=True) is None:
-            object.__setattr__(loader, "multiprocessing_context", "fork")
-    _unsafe_fork.apply(loader, options, _start_method(loader))  # may switch to forkserver (on_unsafe_fork)
-    start_method = _start_method(loader)
-    watch = watchdog.start_watch(loader, options, start_method)
-    object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
     arming = _registry._Arming(loader, options)
-    _registry._local.arming = arming
+    watch = None
     try:
+        if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
+            # Python 3.14 made forkserver the default; a user who set a start
+            # method explicitly with set_start_method() keeps it.
+            if torch.multiprocessing.get_start_method(allow_none=True) is None:
+                object.__setattr__(loader, "multiprocessing_context", "fork")
+        _unsafe_fork.apply(loader, options, _start_method(loader))  # may switch to forkserver (on_unsafe_fork)
+        start_method = _start_method(loader)
+        watch = watchdog.start_watch(loader, options, start_method)
+        object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
+        _registry._local.arming = arming
         backends.prepare_start(loader, start_method)
         iterator = start()
     finally:

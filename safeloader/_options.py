@@ -8,11 +8,14 @@ read the resolved values from ``safeloader.fork_context().options``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 ZARRS_MODES = ("pool", "serial", "python")
+MAX_THREAD_BUDGET = 1024
+"""A bound far above any machine's cores: a larger thread_budget is a mistake, not a setting."""
 UNSAFE_FORK_POLICIES = ("warn", "forkserver", "ignore")
 
 
@@ -57,18 +60,27 @@ class Options:
         if self.zarrs_mode not in ZARRS_MODES:
             raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {self.zarrs_mode!r}")
         budget = self.thread_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"thread_budget must be None or an int >= 1, got {budget!r}")
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_THREAD_BUDGET
+        ):
+            raise ValueError(f"thread_budget must be None or an int from 1 to {MAX_THREAD_BUDGET}, got {budget!r}")
         if not isinstance(self.freeze_gc, bool):
             raise TypeError(f"freeze_gc must be a bool, got {self.freeze_gc!r}")
         timeout = self.stall_timeout
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"stall_timeout must be None or a number > 0, got {timeout!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
+        ):  # `not 0 < x` also refuses NaN, which compares false with everything
+            raise ValueError(
+                f"stall_timeout must be None (off) or a finite number of seconds > 0, got {timeout!r}"
+            )
         if self.on_unsafe_fork not in UNSAFE_FORK_POLICIES:
             raise ValueError(f"on_unsafe_fork must be one of {UNSAFE_FORK_POLICIES}, got {self.on_unsafe_fork!r}")
         if isinstance(self.disable_hooks, str) or not isinstance(self.disable_hooks, Iterable):
             raise TypeError(f"disable_hooks must be an iterable of hook names, got {self.disable_hooks!r}")
-        object.__setattr__(self, "disable_hooks", frozenset(self.disable_hooks))
+        names = tuple(self.disable_hooks)
+        if not all(isinstance(name, str) for name in names):
+            raise TypeError(f"disable_hooks must be an iterable of hook names (str), got {self.disable_hooks!r}")
+        object.__setattr__(self, "disable_hooks", frozenset(names))
 
     def replace(self, **changes: object) -> Options:
         """A copy with ``changes`` applied; unknown names are a TypeError."""

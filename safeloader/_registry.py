@@ -96,6 +96,12 @@ _installed = False
 _local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
 _worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
 _child_failures: list[HookError] = []
+# Held from the `before` phase of every os.fork in this process until the fork
+# is over. A hook's work can take a process-wide C-library lock with the GIL
+# released (ctypes calls: dl_iterate_phdr and dladdr hold glibc's dynamic-loader
+# lock); a fork from another thread at that moment would give a child that
+# hangs at its first dlopen. With the guard, forks of other threads wait.
+_fork_guard = threading.RLock()
 _parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
 
 
@@ -159,11 +165,17 @@ def register_at_fork(
         raise RegistrationError(f"name must be a non-empty str, got {name!r}")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise RegistrationError(f"priority must be an int, got {priority!r}")
+    if not isinstance(every_fork, bool):
+        raise RegistrationError(f"every_fork must be a bool, got {every_fork!r}")
+    if not isinstance(replace, bool):
+        raise RegistrationError(f"replace must be a bool, got {replace!r}")
     if isinstance(requires, str):
         requires = (requires,)
+    if not isinstance(requires, Iterable):
+        raise RegistrationError(f"requires must be a module name or an iterable of module names, got {requires!r}")
     requires = tuple(requires)
     if not all(isinstance(module, str) and module for module in requires):
-        raise RegistrationError(f"requires must be module names, got {requires!r}")
+        raise RegistrationError(f"requires must be module names (non-empty str), got {requires!r}")
     with _lock:
         if name in _hooks and not replace:
             raise RegistrationError(
@@ -171,7 +183,7 @@ def register_at_fork(
                 "pass replace=True to replace it, or choose another name"
             )
         _next_seq += 1
-        hook = Hook(name, before, after_in_parent, after_in_child, priority, bool(every_fork), requires, _next_seq)
+        hook = Hook(name, before, after_in_parent, after_in_child, priority, every_fork, requires, _next_seq)
         _hooks[name] = hook
         _reorder()
     return hook
@@ -304,7 +316,7 @@ def _run_phase(phase: str, context: ForkContext | None) -> list[HookError]:
             continue
         try:
             callback()
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt too: never skip later hooks
             where = f" in DataLoader worker {context.worker_id}" if context and phase == "after_in_child" else ""
             error = HookError(
                 f"safeloader fork hook {hook.name!r} failed in phase {phase!r}{where}: "
@@ -326,6 +338,7 @@ def _report_unarmed(errors: list[HookError]) -> None:
 
 
 def _on_before() -> None:
+    _fork_guard.acquire()  # released in _on_after_in_parent; renewed in the child
     context = _context_for_this_fork()
     _local.pending = context
     errors = _run_phase("before", context)
@@ -345,6 +358,7 @@ def _on_after_in_parent() -> None:
     finally:
         _local.pending = _NO_FORK
         _local.parent_failed = False
+        _release_fork_guard()
     arming = getattr(_local, "arming", None)
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)
@@ -352,8 +366,22 @@ def _on_after_in_parent() -> None:
         _report_unarmed(errors)
 
 
+def fork_guard() -> threading.RLock:
+    """Hold this (``with fork_guard():``) around work that takes a process-wide C-library
+    lock with the GIL released; forks from other threads wait until it is done."""
+    return _fork_guard
+
+
+def _release_fork_guard() -> None:
+    try:
+        _fork_guard.release()
+    except RuntimeError:  # acquired before safeloader was imported: nothing to release
+        pass
+
+
 def _on_after_in_child() -> None:
-    global _worker_context, _parent_failed_fork
+    global _worker_context, _parent_failed_fork, _fork_guard
+    _fork_guard = threading.RLock()  # the parent's is held by the forking thread
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
     _local.pending = _NO_FORK

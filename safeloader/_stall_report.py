@@ -261,7 +261,7 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
         return (
             "GNU OpenMP (libgomp): the worker entered an OpenMP parallel region after the parent had run one; "
             "libgomp's thread pool does not survive fork and the region waits forever. "
-            f"Fix: {_hook_state('openmp', watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
+            f"Fix: {_hook_state('threadpools', watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
             "threadpoolctl.threadpool_limits(1))."
         )
     if any("hdf5" in lib.lower() for lib in libraries) or any(f"{os.sep}h5py{os.sep}" in f for f in main_files):
@@ -275,6 +275,15 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
     if pool is not None:
         return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
+    if _in_dynamic_loader(main_native, main_symbols):
+        return (
+            "glibc's dynamic-loader lock: the worker's main thread waits in dlopen (loading a shared library, "
+            "e.g. importing an extension module or ctypes.CDLL). Another thread of the parent was inside the "
+            "dynamic loader (dlopen, dladdr, dl_iterate_phdr) at the moment of the fork, so the loader's lock "
+            "stays held forever in the worker. "
+            "Fix: do not load libraries or walk them (ctypes, threadpoolctl) in other threads while workers start, "
+            "or import what the workers need before starting the loader."
+        )
     in_futex = main_native is not None and "futex" in main_native.kernel_wait
     in_lock = (
         any("PyThread_acquire_lock" in s or "sem_wait" in s or "sem_clockwait" in s for s in main_symbols)
@@ -347,6 +356,18 @@ def _parent_thread_names() -> str:
         if name and name not in ("python", "python3", "pt_main_thread"):
             counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
+
+
+_LOADER_SYMBOLS = ("dlopen", "dl_open", "dl_catch", "dl_map_object", "libc_dlopen", "dl_open_worker")
+
+
+def _in_dynamic_loader(main: NativeThread | None, symbols: list[str]) -> bool:
+    """Whether the main thread waits inside glibc's dynamic loader (a lock wait in dlopen)."""
+    if main is None:
+        return False
+    if any(symbol.lstrip("_").startswith(_LOADER_SYMBOLS) for symbol in symbols):
+        return True
+    return any("ld-linux" in library for library, _ in main.frames[:3])
 
 
 def _waits_on_lock(report: StallReport) -> bool:

@@ -256,9 +256,14 @@ def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
     objects frozen by ``gc.freeze()``, which walks them all. The fork hooks
     pass False for both.
     """
+    from ._registry import fork_guard
+
     census = native.thread_census()
-    threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
-    libraries = _dynamic_linker().loaded()
+    # dladdr and dl_iterate_phdr hold glibc's loader lock with the GIL released:
+    # no other thread may fork meanwhile (its child would hang at its first dlopen).
+    with fork_guard():
+        threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
+        libraries = _dynamic_linker().loaded()
     gomp_loaded = tuple(sorted({os.path.realpath(p) for p in libraries if _is_gomp(p)}))
     gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
     notes = []

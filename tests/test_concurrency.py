@@ -1,0 +1,197 @@
+"""Never worse than torch under concurrency and odd inputs: several threads, raising hooks, bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+import safeloader
+from safeloader import DataLoader, HookError, RegistrationError
+
+from .subproc import check_python
+
+pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(240)]
+
+# Each thread's Dataset loads a shared library in the worker (dlopen takes
+# glibc's loader lock): a worker forked while another thread held that lock
+# in safeloader's `before` hooks hung there. Repeated: the hang showed in
+# about half the runs.
+MANY_THREADS = """
+import ctypes, threading, sys
+import torch
+from torch.utils.data import Dataset
+import safeloader
+from safeloader import DataLoader
+
+class LoadsALibrary(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        ctypes.CDLL("libm.so.6")
+        return i
+
+def run(results, k):
+    loader = DataLoader(LoadsALibrary(), batch_size=2, num_workers=2, stall_timeout=None, {extra})
+    results[k] = [int(x) for batch in loader for x in batch]
+
+for round in range({rounds}):
+    results = {{}}
+    threads = [threading.Thread(target=run, args=(results, k)) for k in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert all(results[k] == list(range(8)) for k in range(8)), results
+    print("round", round, "ok", flush=True)
+"""
+
+
+def test_loaders_started_from_eight_threads_at_once_never_freeze_their_workers():
+    result = check_python(MANY_THREADS.format(rounds=6, extra=""), timeout=180)
+    assert result.stdout.count(" ok") == 6
+
+
+def test_torch_baseline_eight_threads_complete():
+    code = MANY_THREADS.format(rounds=2, extra="")
+    code = code.replace("from safeloader import DataLoader", "from torch.utils.data import DataLoader")
+    code = code.replace(", stall_timeout=None", "")
+    result = check_python(code, timeout=120)
+    assert result.stdout.count(" ok") == 2
+
+
+def test_a_hook_walking_the_loaded_libraries_in_before_does_not_freeze_other_threads_workers():
+    # What forkstate's snapshot does (dl_iterate_phdr with a Python callback, GIL released):
+    # a user hook doing the same is covered by the fork guard too.
+    code = MANY_THREADS.format(rounds=4, extra="").replace(
+        "for round in",
+        "from safeloader.forkstate import _dynamic_linker\n"
+        "safeloader.register_at_fork(before=lambda: _dynamic_linker().loaded(), name='walker')\n"
+        "for round in",
+    )
+    result = check_python(code, timeout=180)
+    assert result.stdout.count(" ok") == 4
+
+
+SAME_LOADER_FROM_THREADS = """
+import threading, time
+from torch.utils.data import Dataset
+import safeloader
+from safeloader import DataLoader
+
+class Items(Dataset):
+    def __len__(self):
+        return 12
+    def __getitem__(self, i):
+        return i
+
+def my_init(worker_id):
+    pass
+
+loader = DataLoader(Items(), batch_size=3, num_workers=2, worker_init_fn=my_init, stall_timeout=1.0)
+for round in range(5):
+    results = {}
+    def run(k):
+        results[k] = sorted(int(x) for batch in loader for x in batch)
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert all(r == list(range(12)) for r in results.values()) and len(results) == 4, results
+    assert loader.worker_init_fn is my_init, loader.worker_init_fn
+    assert loader.multiprocessing_context is None
+
+# The watchdog is still on for this loader: a stuck item is reported.
+class Stuck(Items):
+    def __getitem__(self, i):
+        if i == 5:
+            time.sleep(60)
+        return i
+loader.dataset.__class__ = Stuck
+try:
+    list(loader)
+except safeloader.WorkerStallError as error:
+    print("stall reported:", type(error).__name__)
+"""
+
+
+def test_one_loader_iterated_from_four_threads_keeps_its_attributes_and_its_watchdog():
+    result = check_python(SAME_LOADER_FROM_THREADS, timeout=150)
+    assert "stall reported: WorkerStallError" in result.stdout, result
+
+
+@pytest.mark.parametrize("exception", ["SystemExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("phase", ["before", "after_in_parent"])
+def test_base_exception_in_a_parent_hook_reaches_the_user_and_later_hooks_still_run(phase, exception, tmp_path):
+    ran = tmp_path / "ran"
+
+    def raising():
+        raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[exception]()
+
+    def later():
+        ran.write_text("yes")
+
+    # after_* run in priority order, `before` in the reverse: place `later` after `raising` in each.
+    first, second = (1, 0) if phase != "before" else (0, 1)
+    safeloader.register_at_fork(**{phase: raising}, name="raising", priority=first)
+    safeloader.register_at_fork(**{phase: later}, name="later", priority=second)
+    with pytest.raises(HookError) as info:
+        list(DataLoader(list(range(4)), num_workers=1))
+    assert info.value.hook == "raising" and info.value.phase == phase
+    assert type(info.value.__cause__).__name__ == exception
+    assert ran.read_text() == "yes"
+
+
+def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    code = f"""
+import os
+import safeloader
+from safeloader import DataLoader, HookError
+from torch.utils.data import Dataset
+
+def raising():
+    raise SystemExit(3)
+
+safeloader.register_at_fork(after_in_child=raising, name="raising", priority=100)
+class D(Dataset):
+    def __init__(self):
+        self.f = open({str(path)!r}, "rb")
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return i
+try:
+    list(DataLoader(D(), num_workers=1))
+except HookError as error:
+    print("HookError:", error)
+"""
+    result = check_python(code, timeout=60)
+    expected = "fork hook 'raising' failed in phase 'after_in_child' in DataLoader worker 0: SystemExit: 3"
+    assert expected in result.stdout, result
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "message"),
+    [
+        ("stall_timeout", float("nan"), "stall_timeout must be None (off) or a finite number"),
+        ("stall_timeout", float("inf"), "stall_timeout must be None (off) or a finite number"),
+        ("thread_budget", 10**9, "thread_budget must be None or an int from 1 to 1024"),
+        ("disable_hooks", [["files"]], "disable_hooks must be an iterable of hook names (str)"),
+    ],
+)
+def test_bad_option_values_are_refused_where_given(keyword, value, message):
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        DataLoader(list(range(4)), num_workers=1, **{keyword: value})
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
+        safeloader.configure(**{keyword: value})
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "message"),
+    [
+        ("every_fork", "no", "every_fork must be a bool, got 'no'"),
+        ("requires", 5, "requires must be a module name or an iterable of module names, got 5"),
+        ("replace", 1, "replace must be a bool, got 1"),
+    ],
+)
+def test_bad_registration_arguments_are_refused_when_registering(keyword, value, message):
+    with pytest.raises(RegistrationError, match=message):
+        safeloader.register_at_fork(after_in_child=lambda: None, name="bad", **{keyword: value})
+    assert "bad" not in {hook.name for hook in safeloader.hooks()}
