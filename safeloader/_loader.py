@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
@@ -116,6 +116,9 @@ def _shutdown(iterator: Any) -> None:
         shutdown()
 
 
+_T_co = TypeVar("_T_co", covariant=True)
+
+
 class _SafeDataLoaderMeta(type):
     # After install(), torch.utils.data.DataLoader *is* SafeDataLoader, while
     # loaders built from a name imported earlier are plain torch loaders (and
@@ -132,7 +135,10 @@ class _SafeDataLoaderMeta(type):
         return super().__subclasscheck__(subclass)
 
 
-class SafeDataLoader(_TorchDataLoader, metaclass=_SafeDataLoaderMeta):
+# Generic like torch's class: after install() it stands in for torch's
+# DataLoader, and libraries subscript that at import time
+# (torchdata: ``class StatefulDataLoader(DataLoader[_T_co])``).
+class SafeDataLoader(_TorchDataLoader[_T_co], metaclass=_SafeDataLoaderMeta):
     """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
 
     Takes exactly torch's arguments (new ones pass through), plus:
