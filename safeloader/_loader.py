@@ -157,6 +157,9 @@ class _SafeDataLoaderMeta(type):
         return super().__subclasscheck__(subclass)
 
 
+# Generic like torch's class: after install() it stands in for torch's
+# DataLoader, and libraries subscript that at import time
+# (torchdata: ``class StatefulDataLoader(DataLoader[_T_co])``).
 class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
     """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
 
