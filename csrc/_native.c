@@ -16,7 +16,10 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "backtrace.h"
 
@@ -49,6 +52,43 @@ static PyObject *thread_ids(PyObject *self, PyObject *unused) {
     return result;
 }
 
+/* SIGCONT: when the process was last continued after a stop (Ctrl-Z, SIGSTOP),
+ * on CLOCK_MONOTONIC (Python's time.monotonic). The stall watchdog does not count
+ * time spent stopped. Written by a signal handler: a plain double store. */
+static volatile double last_continued_value = 0.0;
+static struct sigaction previous_cont_action;
+static int cont_handler_installed = 0;
+
+static void on_continue(int signum, siginfo_t *info, void *context) {
+    struct timespec now;
+    if (clock_gettime(CLOCK_MONOTONIC, &now) == 0)
+        last_continued_value = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    /* Chain to a handler that was there before ours. */
+    if (previous_cont_action.sa_flags & SA_SIGINFO) {
+        if (previous_cont_action.sa_sigaction != NULL) previous_cont_action.sa_sigaction(signum, info, context);
+    } else if (previous_cont_action.sa_handler != SIG_DFL && previous_cont_action.sa_handler != SIG_IGN &&
+               previous_cont_action.sa_handler != NULL) {
+        previous_cont_action.sa_handler(signum);
+    }
+}
+
+static PyObject *install_continue_handler(PyObject *self, PyObject *unused) {
+    if (!cont_handler_installed) {
+        struct sigaction action;
+        memset(&action, 0, sizeof(action));
+        action.sa_sigaction = on_continue;
+        action.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&action.sa_mask);
+        if (sigaction(SIGCONT, &action, &previous_cont_action) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+        cont_handler_installed = 1;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *last_continued(PyObject *self, PyObject *unused) {
+    return PyFloat_FromDouble(last_continued_value);
+}
+
 static PyObject *install_backtrace_handler(PyObject *self, PyObject *args) {
     int signum, fd;
     if (!PyArg_ParseTuple(args, "ii:install_backtrace_handler", &signum, &fd)) return NULL;
@@ -69,6 +109,10 @@ static PyMethodDef methods[] = {
      "(counted by a pthread_atfork child handler)."},
     {"thread_ids", thread_ids, METH_NOARGS,
      "Sorted kernel thread ids of every OS thread of this process."},
+    {"install_continue_handler", install_continue_handler, METH_NOARGS,
+     "install_continue_handler() -> True: record the time of each SIGCONT (chaining a previous handler)."},
+    {"last_continued", last_continued, METH_NOARGS,
+     "time.monotonic() of the last SIGCONT since install_continue_handler(), 0.0 if none."},
     {"install_backtrace_handler", install_backtrace_handler, METH_VARARGS,
      "install_backtrace_handler(signum, fd) -> True: on `signum`, the receiving thread "
      "writes its native backtrace (library and symbol of each frame) to `fd`, "

@@ -52,3 +52,31 @@ def signal_thread(pid: int, tid: int, signum: int) -> None:
     if tgkill(pid, tid, signum) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
+
+
+_last_continued = 0.0
+
+
+def _on_continue(signum: int, frame: object) -> None:
+    global _last_continued
+    import time
+
+    _last_continued = time.monotonic()
+
+
+def install_continue_handler() -> bool:
+    """Python's signal handlers can only be set from the main thread, and only
+    where SIGCONT has no handler yet; otherwise stops are not detected."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGCONT) not in (signal.SIG_DFL, None):
+        return signal.getsignal(signal.SIGCONT) is _on_continue
+    signal.signal(signal.SIGCONT, _on_continue)
+    return True
+
+
+def last_continued() -> float:
+    return _last_continued

@@ -54,6 +54,10 @@ class StallReport:
     native_threads: list[NativeThread]
     native_available: bool
     cause: str = ""
+    collating: int = 0
+    """Items in the batch its collate_fn was collating; 0 when it was not collating."""
+    batch: int = 1
+    """Items the stuck call works on (a Dataset's __getitems__ gets the budget of each)."""
 
     @property
     def main_thread(self) -> PythonThread | None:
@@ -159,7 +163,7 @@ def collect(
     flags = watch.ready_flags(worker_id)
     python_text, main_ident = "", None
     if flags & PYTHON_READY:
-        path = watch.python_stack_path(worker_id)
+        path = watch.python_stack_path(worker_id, pid)
         header = _read_from(path, 0).splitlines()[:1]
         if header and header[0].startswith("main-thread "):
             main_ident = int(header[0].split()[1], 16)
@@ -173,7 +177,7 @@ def collect(
     tids = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") else []
     native_frames: dict[int, list[tuple[str, str]]] = {}
     if flags & NATIVE_READY:
-        path = watch.native_stack_path(worker_id)
+        path = watch.native_stack_path(worker_id, pid)
         deadline = time.monotonic() + NATIVE_TOTAL_WAIT
         for tid in tids:
             if _blocks_signal(pid, tid, NATIVE_STACK_SIGNAL):
@@ -413,15 +417,16 @@ def _top_named_frame(thread: NativeThread) -> str:
 
 def describe(report: StallReport, full: bool = True) -> list[str]:
     """The report as text; ``full=False``: two lines (for a second worker stuck the same way)."""
-    what = (
-        "starting (fork hooks, worker_init_fn)"
-        if report.starting
-        else (
-            "fetching its first item"
-            if report.items_done == 0
-            else f"fetching an item (after {report.items_done} done)"
-        )
-    )
+    if report.starting:
+        what = "starting (fork hooks, worker_init_fn)"
+    elif report.collating:
+        what = f"collating a batch of {report.collating} item(s) (collate_fn)"
+    elif report.batch > 1:
+        what = f"fetching a batch of {report.batch} items with __getitems__ (after {report.items_done} done)"
+    elif report.items_done == 0:
+        what = "fetching its first item"
+    else:
+        what = f"fetching an item (after {report.items_done} done)"
     lines = [
         f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
         f"while {what}; its limit was {report.limit:g} s.",

@@ -29,6 +29,8 @@ __all__ = [
     "ThreadCensus",
     "fork_generation",
     "install_backtrace_handler",
+    "install_continue_handler",
+    "last_continued",
     "signal_thread",
     "thread_census",
     "thread_ids",
@@ -58,6 +60,19 @@ def install_backtrace_handler(signum: int, fd: int) -> bool:
     deadlock. Returns False without the C extension (nothing is installed).
     """
     return bool(_impl.install_backtrace_handler(signum, fd))
+
+
+def install_continue_handler() -> bool:
+    """Record the time of every SIGCONT (the process continued after a stop). Idempotent.
+
+    Returns False where that is not possible (the fallback outside the main thread).
+    """
+    return bool(_impl.install_continue_handler())
+
+
+def last_continued() -> float:
+    """``time.monotonic()`` of the last SIGCONT seen since ``install_continue_handler()``; 0.0 if none."""
+    return float(_impl.last_continued())
 
 
 def signal_thread(pid: int, tid: int, signum: int) -> None:

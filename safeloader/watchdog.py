@@ -22,12 +22,9 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-import weakref
 from typing import Any
 
 from . import _registry, native
@@ -47,9 +44,11 @@ NATIVE_STACK_SIGNAL = signal.SIGRTMIN + 3
 
 # One slot of FIELDS doubles per worker; a double store is atomic on the
 # platforms torch supports, and the parent re-reads before acting.
-FIELDS = 4
-STATE, ITEMS, LAST, READY = range(FIELDS)
-STARTING, IDLE, BUSY = 0.0, 1.0, 2.0
+FIELDS = 7
+STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD = range(FIELDS)
+STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
+# BATCH: how many items the current call works on (a Dataset's __getitems__, or
+# collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
 
 
@@ -86,7 +85,6 @@ class Watch:
         self.start_limit = self.first_limit + (0.0 if start_method == "fork" else SLOW_START_ALLOWANCE)
         self.start_method = start_method
         self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
-        self.directory = tempfile.mkdtemp(prefix="safeloader-watch-")
         self.parent_pid = os.getpid()
         self.next_check = 0.0  # parent only: when the next heartbeat check is due
         me = threading.current_thread()
@@ -96,15 +94,17 @@ class Watch:
         now = time.monotonic()
         for worker_id in range(num_workers):
             self.slots[worker_id * FIELDS + LAST] = now
-        weakref.finalize(self, _remove_directory, self.directory, self.parent_pid)
 
-    # -- paths ---------------------------------------------------------------
+    # -- where a worker's stack dumps are ------------------------------------
+    # Each worker writes them to anonymous memory files (memfd) of its own,
+    # which the parent reads through /proc: nothing outlives the processes,
+    # whatever signal ends them.
 
-    def python_stack_path(self, worker_id: int) -> str:
-        return os.path.join(self.directory, f"worker-{worker_id}-python.txt")
+    def python_stack_path(self, worker_id: int, pid: int) -> str:
+        return f"/proc/{pid}/fd/{int(self.slots[worker_id * FIELDS + PYTHON_FD])}"
 
-    def native_stack_path(self, worker_id: int) -> str:
-        return os.path.join(self.directory, f"worker-{worker_id}-native.txt")
+    def native_stack_path(self, worker_id: int, pid: int) -> str:
+        return f"/proc/{pid}/fd/{int(self.slots[worker_id * FIELDS + NATIVE_FD])}"
 
     # -- in the worker -------------------------------------------------------
 
@@ -114,17 +114,24 @@ class Watch:
         if _worker_beat is not None and _worker_beat.watch is self:
             return
         base = worker_id * FIELDS
-        python_file = open(self.python_stack_path(worker_id), "w")  # open for the worker's life
-        # faulthandler names threads by ident; the parent needs to know which is main.
-        python_file.write(f"main-thread {threading.main_thread().ident:#x}\n")
-        python_file.flush()
-        faulthandler.register(PYTHON_STACK_SIGNAL, file=python_file, all_threads=True, chain=False)
-        ready = PYTHON_READY
-        native_fd = os.open(
-            self.native_stack_path(worker_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-        )
-        if native.install_backtrace_handler(NATIVE_STACK_SIGNAL, native_fd):
-            ready |= NATIVE_READY
+        python_file, native_fd, ready = None, -1, 0
+        try:
+            python_file = open(os.memfd_create("safeloader-python-stacks"), "w")  # open for the worker's life
+            # faulthandler names threads by ident; the parent needs to know which is main.
+            python_file.write(f"main-thread {threading.main_thread().ident:#x}\n")
+            python_file.flush()
+            faulthandler.register(PYTHON_STACK_SIGNAL, file=python_file, all_threads=True, chain=False)
+            self.slots[base + PYTHON_FD] = float(python_file.fileno())
+            ready = PYTHON_READY
+            native_fd = os.memfd_create("safeloader-native-stacks")
+            self.slots[base + NATIVE_FD] = float(native_fd)
+            if native.install_backtrace_handler(NATIVE_STACK_SIGNAL, native_fd):
+                ready |= NATIVE_READY
+        except OSError:
+            # Out of descriptors (EMFILE) or no memfd: the heartbeat still works,
+            # a stall is still reported, without stacks. The worker's own data
+            # path needs the descriptors more than diagnostics do.
+            pass
         _worker_beat = _Beat(self, base, python_file, native_fd)
         _instrument_fetchers()
         self.slots[base + READY] = float(ready)
@@ -141,23 +148,30 @@ class Watch:
     def poll_interval(self) -> float:
         return min(1.0, max(0.05, self.stall_timeout / 10))
 
-    def limit(self, state: float, items: float) -> float:
+    def limit(self, state: float, items: float, batch: float = 1.0) -> float:
         if state == STARTING:
             return self.start_limit
-        return self.first_limit if items == 0 else self.stall_timeout
+        per_item = self.first_limit if items == 0 else self.stall_timeout
+        return per_item * max(1.0, batch)
 
-    def stalled(self, alive: list[bool]) -> list[tuple[int, float, float, float, float]]:
-        """(worker_id, seconds without progress, limit, state, items) of each stalled worker."""
+    def stalled(self, alive: list[bool]) -> list[tuple[int, float, float, float, float, float]]:
+        """(worker_id, seconds without progress, limit, state, items, batch) of each stalled worker.
+
+        Time the process spent stopped (Ctrl-Z, SIGSTOP) does not count: after a
+        SIGCONT every worker's clock starts again from the moment of the resume.
+        """
         now = time.monotonic()
+        resumed = native.last_continued()
         found = []
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
             if state == IDLE or not alive[worker_id]:
                 continue
-            waited, limit = now - last, self.limit(state, items)
+            batch = self.slots[base + BATCH]
+            waited, limit = now - max(last, resumed), self.limit(state, items, batch)
             if waited > limit:
-                found.append((worker_id, waited, limit, state, items))
+                found.append((worker_id, waited, limit, state, items, batch))
         return found
 
     def ready_flags(self, worker_id: int) -> int:
@@ -165,11 +179,6 @@ class Watch:
 
     def state(self, worker_id: int) -> float:
         return self.slots[worker_id * FIELDS + STATE]
-
-
-def _remove_directory(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:  # never from a forked worker that inherited the object
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the worker's heartbeat ----------------------------------------------------------
@@ -185,12 +194,18 @@ class _Beat:
         self.python_file = python_file  # kept open: faulthandler writes to it
         self.native_fd = native_fd
 
-    def busy(self) -> None:
+    def busy(self, batch: int = 1) -> None:
         self.slots[self.base + LAST] = time.monotonic()  # time first: the parent never sees BUSY with a stale time
+        self.slots[self.base + BATCH] = float(batch)
         self.slots[self.base + STATE] = BUSY
 
-    def item_done(self) -> None:
-        self.slots[self.base + ITEMS] += 1
+    def collating(self, batch: int) -> None:
+        self.slots[self.base + LAST] = time.monotonic()
+        self.slots[self.base + BATCH] = float(batch)
+        self.slots[self.base + STATE] = COLLATING
+
+    def item_done(self, count: int = 1) -> None:
+        self.slots[self.base + ITEMS] += count
         self.slots[self.base + LAST] = time.monotonic()
 
     def idle(self) -> None:
@@ -218,12 +233,22 @@ class _CountingMapDataset:
         return item
 
     def _getitems(self, indices: Any) -> Any:
+        count = _count(indices)
+        self._beat.busy(count)  # the call works on `count` items: a budget for each
         items = self._original_getitems(indices)
-        self._beat.item_done()
+        self._beat.item_done(count)
+        self._beat.busy()
         return items
 
     def __len__(self) -> int:
         return len(self._dataset)
+
+
+def _count(batch: Any) -> int:
+    try:
+        return max(1, len(batch))
+    except TypeError:  # no len(): one item's budget
+        return 1
 
 
 def _counting_iterator(iterator: Any, beat: _Beat) -> Any:
@@ -243,6 +268,14 @@ def _watch_fetcher(fetcher: Any, beat: _Beat) -> Any:
             beat.idle()
 
     fetcher.fetch = watched_fetch
+    collate = getattr(fetcher, "collate_fn", None)
+    if collate is not None:
+
+        def watched_collate(batch: Any) -> Any:
+            beat.collating(_count(batch))  # its own phase, with a budget per item collated
+            return collate(batch)
+
+        fetcher.collate_fn = watched_collate
     # Per-item progress, where the fetcher's structure is the one we know;
     # otherwise progress is counted per batch.
     if hasattr(fetcher, "dataset_iter"):
@@ -291,6 +324,7 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
     """A Watch for the workers ``loader`` is about to start, or None when the watchdog is off."""
     if options.stall_timeout is None or loader.num_workers <= 0:
         return None
+    native.install_continue_handler()  # time stopped (Ctrl-Z) must not count as a stall
     return Watch(loader.num_workers, options.stall_timeout, start_method, options.disable_hooks)
 
 
@@ -342,10 +376,12 @@ def _check(iterator: Any, watch: Watch) -> None:
     from . import _stall_report
 
     reports = []
-    for worker_id, waited, limit, state, items in stalled:
-        reports.append(
-            _stall_report.collect(watch, worker_id, workers[worker_id].pid, waited, limit, state == STARTING, items)
-        )
+    for worker_id, waited, limit, state, items, batch in stalled:
+        pid = workers[worker_id].pid
+        report = _stall_report.collect(watch, worker_id, pid, waited, limit, state == STARTING, items)
+        report.collating = int(batch) if state == COLLATING else 0
+        report.batch = int(batch)
+        reports.append(report)
     _shutdown_now(iterator, watch)
     message = _stall_report.message(reports, watch)
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
