@@ -52,6 +52,10 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         if self.watch is not None:
             self.watch.enter_worker(worker_id)  # already done at fork; spawn/forkserver workers start here
+            # torch's worker loop calls us with its result queue in scope.
+            queue = sys._getframe(1).f_locals.get("data_queue")
+            if queue is not None:
+                self.watch.watch_result_queue(worker_id, queue)
         _registry.raise_child_failure()
         if self.user_fn is not None:
             self.user_fn(worker_id)

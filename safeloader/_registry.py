@@ -16,6 +16,7 @@ by safeloader's ``worker_init_fn`` wrapper through torch's worker-error path.
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import os
@@ -320,7 +321,7 @@ def _run_phase(phase: str, context: ForkContext | None) -> list[HookError]:
             where = f" in DataLoader worker {context.worker_id}" if context and phase == "after_in_child" else ""
             error = HookError(
                 f"safeloader fork hook {hook.name!r} failed in phase {phase!r}{where}: "
-                f"{type(exc).__name__}: {exc}",
+                f"{type(exc).__name__}: {exc}{out_of_descriptors_hint(exc)}",
                 hook=hook.name,
                 phase=phase,
                 worker_id=context.worker_id if context else None,
@@ -328,6 +329,16 @@ def _run_phase(phase: str, context: ForkContext | None) -> list[HookError]:
             error.__cause__ = exc
             errors.append(error)
     return errors
+
+
+def out_of_descriptors_hint(exc: BaseException) -> str:
+    """A sentence to add to an error caused by running out of file descriptors, else ''."""
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return (
+            ". The process ran out of file descriptors: raise the limit with `ulimit -n` in the shell "
+            "(or resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or use fewer workers"
+        )
+    return ""
 
 
 def _report_unarmed(errors: list[HookError]) -> None:

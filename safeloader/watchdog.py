@@ -19,6 +19,7 @@ the likely cause (see ``_stall_report``).
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import multiprocessing
 import os
@@ -44,9 +45,12 @@ NATIVE_STACK_SIGNAL = signal.SIGRTMIN + 3
 
 # One slot of FIELDS doubles per worker; a double store is atomic on the
 # platforms torch supports, and the parent re-reads before acting.
-FIELDS = 7
-STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD = range(FIELDS)
+FIELDS = 8
+STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD, SEND_ERRNO = range(FIELDS)
 STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
+# SEND_ERRNO: the errno (or -1) with which the worker's result queue failed to send a
+# batch. multiprocessing's feeder thread only prints that and drops the batch, so
+# the parent would wait forever for it (e.g. out of file descriptors).
 # BATCH: how many items the current call works on (a Dataset's __getitems__, or
 # collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
@@ -135,6 +139,28 @@ class Watch:
         _worker_beat = _Beat(self, base, python_file, native_fd)
         _instrument_fetchers()
         self.slots[base + READY] = float(ready)
+
+    def watch_result_queue(self, worker_id: int, queue: Any) -> None:
+        """In the worker: a batch its result queue fails to send is reported to the parent."""
+        slots, base = self.slots, worker_id * FIELDS
+        report = getattr(queue, "_on_queue_feeder_error", None)
+        if report is None:
+            return
+
+        def on_send_error(error: BaseException, obj: Any) -> None:
+            slots[base + SEND_ERRNO] = float(getattr(error, "errno", None) or -1)
+            report(error, obj)  # multiprocessing's own: prints the traceback
+
+        # Read by the queue when its feeder thread starts, at the first put: after this.
+        queue._on_queue_feeder_error = on_send_error
+
+    def send_failures(self) -> list[tuple[int, int]]:
+        """In the parent: (worker_id, errno or -1) of workers whose results could not be sent."""
+        return [
+            (worker_id, int(self.slots[worker_id * FIELDS + SEND_ERRNO]))
+            for worker_id in range(self.num_workers)
+            if self.slots[worker_id * FIELDS + SEND_ERRNO]
+        ]
 
     def worker_ready(self, worker_id: int) -> None:
         """In the worker: its start (hooks, ``worker_init_fn``) is done; it waits for work."""
@@ -325,7 +351,17 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
     if options.stall_timeout is None or loader.num_workers <= 0:
         return None
     native.install_continue_handler()  # time stopped (Ctrl-Z) must not count as a stall
-    return Watch(loader.num_workers, options.stall_timeout, start_method, options.disable_hooks)
+    try:
+        return Watch(loader.num_workers, options.stall_timeout, start_method, options.disable_hooks)
+    except OSError as error:  # its shared memory needs a descriptor: torch may still manage without
+        import warnings
+
+        warnings.warn(
+            f"safeloader: the stall watchdog is off for this loader: {error}{_registry.out_of_descriptors_hint(error)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 class _WatchedIterator:
@@ -369,6 +405,10 @@ def attach(iterator: Any, watch: Watch) -> None:
 def _check(iterator: Any, watch: Watch) -> None:
     watch.next_check = time.monotonic() + watch.poll_interval
     workers = iterator._workers
+    failures = watch.send_failures()
+    if failures:
+        _shutdown_now(iterator, watch)
+        raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     stalled = watch.stalled(alive)
     if not stalled:
@@ -387,6 +427,22 @@ def _check(iterator: Any, watch: Watch) -> None:
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
     error.details = "\n\n".join(_stall_report.details(report) for report in reports)
     raise error
+
+
+def _send_failure_message(failures: list[tuple[int, int]]) -> str:
+    worker_id, number = failures[0]
+    what = os.strerror(number) if number > 0 else "an error"
+    message = (
+        f"safeloader: DataLoader worker {worker_id} could not send a batch to the main process ({what}); "
+        "the batch is lost and the loader would wait for it forever. All workers were shut down."
+    )
+    if number in (errno.EMFILE, errno.ENFILE):
+        message += (
+            " The process ran out of file descriptors (tensors are sent between processes through them): "
+            "raise the limit with `ulimit -n` in the shell, or call "
+            "torch.multiprocessing.set_sharing_strategy('file_system') at the start of your program."
+        )
+    return message
 
 
 def _shutdown_now(iterator: Any, watch: Watch) -> None:

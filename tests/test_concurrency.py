@@ -7,7 +7,7 @@ import pytest
 import safeloader
 from safeloader import DataLoader, HookError, RegistrationError
 
-from .subproc import check_python
+from .subproc import check_python, run_python
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(240)]
 
@@ -195,3 +195,43 @@ def test_bad_registration_arguments_are_refused_when_registering(keyword, value,
     with pytest.raises(RegistrationError, match=message):
         safeloader.register_at_fork(after_in_child=lambda: None, name="bad", **{keyword: value})
     assert "bad" not in {hook.name for hook in safeloader.hooks()}
+
+
+# A batch the worker's result queue cannot send (here: pickling fails with EMFILE in
+# the queue's feeder thread, as when tensors' descriptors run out) is printed by
+# multiprocessing and dropped: torch's loader then waits forever.
+LOST_BATCH = """
+import errno, sys
+from torch.utils.data import Dataset
+LOADER = {loader!r}
+
+class Unsendable:
+    def __reduce__(self):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+class D(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return Unsendable() if i == 2 else i
+
+if LOADER == "torch":
+    from torch.utils.data import DataLoader
+else:
+    from safeloader import DataLoader
+try:
+    list(DataLoader(D(), batch_size=None, num_workers=1))
+except Exception as error:
+    print("RAISED", type(error).__name__, error)
+"""
+
+
+def test_torch_waits_forever_for_a_batch_its_worker_could_not_send():
+    result = run_python(LOST_BATCH.format(loader="torch"), timeout=20)
+    assert result.timed_out, result
+
+
+def test_a_batch_the_worker_could_not_send_raises_naming_ulimit():
+    result = check_python(LOST_BATCH.format(loader="safeloader"), timeout=60)
+    assert "RAISED WorkerStallError" in result.stdout, result
+    assert "could not send a batch" in result.stdout and "ulimit -n" in result.stdout, result
