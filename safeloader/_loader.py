@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry, _unsafe_fork, backends, watchdog
+from . import _registry, _torch_internals, _unsafe_fork, backends, watchdog
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -106,6 +106,10 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
 
 
 def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
+    _torch_internals.check()
+    if _torch_internals.uses_thread_workers(loader):
+        _warn_thread_workers()
+        return start()
     options = resolve_options(loader)
     user_init, user_context = loader.worker_init_fn, loader.multiprocessing_context
     # The user's attributes are swapped only while torch reads them to start
@@ -134,9 +138,39 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     if arming.errors:
         _shutdown(iterator)
         raise arming.errors[0]
+    if arming.unrecognised and not arming.recognised:
+        _shutdown(iterator)
+        raise UnarmedWorkersError(
+            f"safeloader: this loader forked {arming.unrecognised} process(es) but none was recognised as a "
+            "DataLoader worker, so no fork hook ran (this torch's worker loop is not one of "
+            f"{_torch_internals.WORKER_LOOP_NAMES}). The workers were shut down rather than run unprotected. "
+            "Use torch's own DataLoader (safeloader.uninstall()) or a torch release safeloader supports, "
+            "and please report this torch version."
+        )
     if watch is not None:
         watchdog.attach(iterator, watch)
     return iterator
+
+
+class UnarmedWorkersError(RuntimeError):
+    """A safeloader loader started workers that no fork hook could recognise."""
+
+
+_thread_workers_warned = False
+
+
+def _warn_thread_workers() -> None:
+    global _thread_workers_warned
+    if not _thread_workers_warned:
+        _thread_workers_warned = True
+        import warnings
+
+        warnings.warn(
+            "safeloader: this loader uses thread workers (worker_method='thread'): nothing is forked, so "
+            "safeloader's fork hooks and stall watchdog do not apply; native libraries' own thread safety does",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def _shutdown(iterator: Any) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _torch_internals
 from ._options import Options, get_options
 from .errors import HookError, RegistrationError
 
@@ -86,6 +87,10 @@ class _Arming:
     loader: Any
     options: Options
     errors: list[HookError] = field(default_factory=list)
+    recognised: int = 0
+    """Forks recognised as this loader's DataLoader workers."""
+    unrecognised: int = 0
+    """Other forks while it started its workers (a torch whose worker loop we do not know)."""
 
 
 _lock = threading.Lock()
@@ -255,15 +260,9 @@ def set_installed(installed: bool) -> None:
 
 # -- which fork is this? -------------------------------------------------------
 
-_WORKER_LOOP_MODULES = ("torch.utils.data", "torchdata")
-
-
 @functools.cache
 def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
-    module = getattr(target, "__module__", "") or ""
-    if getattr(target, "__name__", "") != "_worker_loop" or not module.startswith(_WORKER_LOOP_MODULES):
-        return None
-    return inspect.signature(target)
+    return inspect.signature(target) if _torch_internals.is_worker_loop(target) else None
 
 
 def _launching_worker() -> tuple[int, int] | None:
@@ -299,9 +298,12 @@ def _context_for_this_fork() -> ForkContext | None:
         return None
     worker = _launching_worker()
     if worker is None:
+        if arming is not None:
+            arming.unrecognised += 1
         return None
     if arming is None:  # install() is on, but the loader's iterator is not ours to wrap
         return ForkContext(worker[0], worker[1], get_options())
+    arming.recognised += 1
     return ForkContext(worker[0], worker[1], arming.options, arming.loader, _carrier=True)
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import _registry, native
+from ._torch_internals import WORKER_LOOP_NAMES
 from .watchdog import NATIVE_READY, NATIVE_STACK_SIGNAL, PYTHON_READY, PYTHON_STACK_SIGNAL, Watch
 
 PYTHON_DUMP_WAIT = 3.0
@@ -73,7 +74,7 @@ class StallReport:
             if frame[0].endswith(os.path.join("safeloader", "watchdog.py")):
                 continue  # safeloader's own heartbeat wrappers
             frames.append(frame)
-            if frame[2] == "_worker_loop":
+            if frame[2] in WORKER_LOOP_NAMES:
                 break  # what is outside is multiprocessing's process start
         return frames
 

@@ -157,7 +157,8 @@ def _set_threads(library: Any, threads: int) -> None:
     library.set_num_threads(threads)
 
 
-_WORKER_LOOPS = ("torch.utils.data", "torchdata")  # modules whose _worker_loop calls torch.set_num_threads(1)
+from .._torch_internals import WORKER_LOOP_MODULES as _WORKER_LOOPS  # noqa: E402  (their loops set 1 thread)
+from .._torch_internals import WORKER_LOOP_NAMES as _WORKER_LOOP_NAMES  # noqa: E402
 
 
 class _TorchSetNumThreads:
@@ -178,7 +179,8 @@ class _TorchSetNumThreads:
         import torch
 
         caller = sys._getframe(1)
-        if caller.f_code.co_name == "_worker_loop" and caller.f_globals.get("__name__", "").startswith(_WORKER_LOOPS):
+        module = caller.f_globals.get("__name__", "")
+        if caller.f_code.co_name in _WORKER_LOOP_NAMES and module.startswith(_WORKER_LOOPS):
             self.original(self.budget)
             if not self.pinned:
                 torch.set_num_threads = self.original  # nothing left to guard
