@@ -123,10 +123,12 @@ def test_iterable_dataset_equals_torch():
 
 
 def test_worker_rng_seeding_equals_torch_fork_loader():
-    torch_batches = as_lists(TorchDataLoader(RandomPerItem(), batch_size=3, num_workers=2,
-                                             generator=torch.Generator().manual_seed(3)))
-    ours = as_lists(DataLoader(RandomPerItem(), batch_size=3, num_workers=2,
-                               generator=torch.Generator().manual_seed(3)))
+    torch_batches = as_lists(
+        TorchDataLoader(RandomPerItem(), batch_size=3, num_workers=2, generator=torch.Generator().manual_seed(3))
+    )
+    ours = as_lists(
+        DataLoader(RandomPerItem(), batch_size=3, num_workers=2, generator=torch.Generator().manual_seed(3))
+    )
     assert ours == torch_batches
 
 
@@ -167,8 +169,8 @@ def test_iterable_dataset_argument_errors_are_torchs():
     "kwargs, message",
     [
         (dict(zarrs_mode="turbo"), "zarrs_mode must be one of"),
-        (dict(thread_budget=-2), "thread_budget must be None or an int >= 1, got -2"),
-        (dict(stall_timeout="soon"), "stall_timeout must be None or a number > 0"),
+        (dict(thread_budget=-2), "thread_budget must be None or an int from 1 to 1024, got -2"),
+        (dict(stall_timeout="soon"), r"stall_timeout must be None \(off\) or a finite number of seconds > 0"),
         (dict(disable_hooks="zarrs"), "disable_hooks must be an iterable"),
         (dict(disable_hooks=["threadpool"]), r"registered hooks \(.*threadpools.*\), got unknown 'threadpool'"),
     ],
@@ -180,15 +182,43 @@ def test_bad_safeloader_options_fail_at_construction(kwargs, message):
 
 def test_every_init_argument_is_stored_under_its_name():
     generator = torch.Generator()
-    loader = DataLoader(Squares(), batch_size=3, shuffle=True, num_workers=1, pin_memory=False,
-                        drop_last=True, timeout=5, worker_init_fn=print, generator=generator,
-                        prefetch_factor=3, persistent_workers=True, in_order=False,
-                        zarrs_mode="serial", thread_budget=1, freeze_gc=True, stall_timeout=9,
-                        disable_hooks=("zarrs",))
-    for name, value in dict(batch_size=3, shuffle=True, num_workers=1, pin_memory=False, drop_last=True,
-                            timeout=5, worker_init_fn=print, generator=generator, prefetch_factor=3,
-                            persistent_workers=True, in_order=False, zarrs_mode="serial", thread_budget=1,
-                            freeze_gc=True, stall_timeout=9, disable_hooks=("zarrs",)).items():
+    loader = DataLoader(
+        Squares(),
+        batch_size=3,
+        shuffle=True,
+        num_workers=1,
+        pin_memory=False,
+        drop_last=True,
+        timeout=5,
+        worker_init_fn=print,
+        generator=generator,
+        prefetch_factor=3,
+        persistent_workers=True,
+        in_order=False,
+        zarrs_mode="serial",
+        thread_budget=1,
+        freeze_gc=True,
+        stall_timeout=9,
+        disable_hooks=("zarrs",),
+    )
+    for name, value in dict(
+        batch_size=3,
+        shuffle=True,
+        num_workers=1,
+        pin_memory=False,
+        drop_last=True,
+        timeout=5,
+        worker_init_fn=print,
+        generator=generator,
+        prefetch_factor=3,
+        persistent_workers=True,
+        in_order=False,
+        zarrs_mode="serial",
+        thread_budget=1,
+        freeze_gc=True,
+        stall_timeout=9,
+        disable_hooks=("zarrs",),
+    ).items():
         assert getattr(loader, name) == value, name
     assert loader.multiprocessing_context is None
     assert loader.dataset.__class__ is Squares

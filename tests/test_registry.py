@@ -106,9 +106,11 @@ def test_fork_context_is_none_outside_forks():
 def test_options_validate_with_clear_messages():
     with pytest.raises(ValueError, match=r"zarrs_mode must be one of .* got 'fast'"):
         safeloader.configure(zarrs_mode="fast")
-    with pytest.raises(ValueError, match=r"thread_budget must be None or an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"thread_budget must be None or an int from 1 to 1024, got 0"):
         safeloader.configure(thread_budget=0)
-    with pytest.raises(ValueError, match=r"stall_timeout must be None or a number > 0, got -1"):
+    with pytest.raises(
+        ValueError, match=r"stall_timeout must be None \(off\) or a finite number of seconds > 0, got -1"
+    ):
         safeloader.configure(stall_timeout=-1)
     with pytest.raises(TypeError, match="unknown safeloader option"):
         safeloader.configure(zarr_mode="serial")

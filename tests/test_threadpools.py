@@ -251,7 +251,7 @@ def test_without_threadpoolctl_the_backend_is_listed_inactive(monkeypatch):
 
 
 def test_thread_budget_must_be_a_positive_int():
-    with pytest.raises(ValueError, match="thread_budget must be None or an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="thread_budget must be None or an int from 1 to 1024, got 0"):
         safeloader.DataLoader(ParentState(), num_workers=1, thread_budget=0)
 
 
