@@ -19,8 +19,10 @@ the likely cause (see ``_stall_report``).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import faulthandler
+import mmap
 import multiprocessing
 import os
 import signal
@@ -88,7 +90,13 @@ class Watch:
         self.first_limit = self.stall_timeout * FIRST_ITEM_FACTOR
         self.start_limit = self.first_limit + (0.0 if start_method == "fork" else SLOW_START_ALLOWANCE)
         self.start_method = start_method
-        self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
+        if start_method == "fork":
+            # Anonymous shared memory: no descriptor in the parent or the workers
+            # (multiprocessing's RawArray keeps one open for its arena).
+            self._memory = mmap.mmap(-1, ctypes.sizeof(ctypes.c_double) * FIELDS * num_workers)
+            self.slots = (ctypes.c_double * (FIELDS * num_workers)).from_buffer(self._memory)
+        else:  # spawn/forkserver workers receive it pickled
+            self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
         self.parent_pid = os.getpid()
         self.next_check = 0.0  # parent only: when the next heartbeat check is due
         me = threading.current_thread()
@@ -120,6 +128,8 @@ class Watch:
         base = worker_id * FIELDS
         python_file, native_fd, ready = None, -1, 0
         try:
+            if _few_spare_descriptors():
+                raise OSError(errno.EMFILE, "fewer than 64 spare file descriptors: no stack dumps")
             python_file = open(os.memfd_create("safeloader-python-stacks"), "w")  # open for the worker's life
             # faulthandler names threads by ident; the parent needs to know which is main.
             python_file.write(f"main-thread {threading.main_thread().ident:#x}\n")
@@ -208,6 +218,20 @@ class Watch:
 
 
 # -- the worker's heartbeat ----------------------------------------------------------
+
+
+def _few_spare_descriptors() -> bool:
+    """Whether this process is close to its open-file limit (then the worker's data
+    path gets the descriptors, and a stall is reported without stacks)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= 4096:
+        return False  # the usual limits: no need to count
+    try:
+        return soft - len(os.listdir("/proc/self/fd")) < 64
+    except OSError:
+        return True
 
 
 class _Beat:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import safeloader
 from safeloader import DataLoader, HookError, RegistrationError
 
 from .subproc import check_python, run_python
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(240)]
 
@@ -235,3 +239,23 @@ def test_a_batch_the_worker_could_not_send_raises_naming_ulimit():
     result = check_python(LOST_BATCH.format(loader="safeloader"), timeout=60)
     assert "RAISED WorkerStallError" in result.stdout, result
     assert "could not send a batch" in result.stdout and "ulimit -n" in result.stdout, result
+
+
+def _near_limit(loader: str, spare: int) -> str:
+    result = run_python(
+        f"import runpy, sys; sys.argv = ['x', {loader!r}, '{spare}']; "
+        "runpy.run_module('tests.near_fd_limit', run_name='__main__')",
+        timeout=60,
+        cwd=REPO,
+    )
+    assert not result.timed_out, f"hung with {spare} spare descriptors:\n{result}"
+    return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else str(result)
+
+
+def test_near_the_open_file_limit_safeloader_works_wherever_torch_does_and_never_hangs():
+    spare = 12
+    while not _near_limit("torch", spare).startswith("OK"):
+        assert "ulimit -n" in _near_limit("safeloader", spare)  # where torch fails: a clear error, no hang
+        spare += 1
+        assert spare < 40, "torch never succeeded"
+    assert _near_limit("safeloader", spare).startswith("OK"), f"torch works with {spare} spare descriptors"
