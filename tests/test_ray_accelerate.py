@@ -232,7 +232,8 @@ def test_accelerate_prepared_loader_is_armed_after_install(tmp_path, mode, wrapp
     if mode == "stateful":
         # 3 batches, a checkpoint, then a fresh loader resumed from it: the epoch exactly once.
         assert report["seen"] == list(range(6)) and report["resumed"] == list(range(6, 16))
-        assert len(armed) == 4  # both loaders' workers
+        # Both loaders' workers ran the hooks; resuming StatefulDataLoader may start its workers once more.
+        assert len(armed) >= 4 and len(armed) % 2 == 0, armed
     else:
         assert sorted(report["seen"]) == list(range(16)) and report["resumed"] == []
         assert len(armed) == 2

@@ -11,9 +11,9 @@ under the same descriptor number, so every object holding that descriptor
 (Python file objects, an ``NpzFile``, HDF5's driver) keeps working unchanged.
 The reopen goes through ``/proc/self/fd/N``, so it reaches the very file the
 parent opened even if it was since moved or deleted; the parent's own
-descriptors are not touched. The offset is read in the worker right after
-the fork: another parent thread reading the same handle at that instant could
-move it first (such a thread already races with the parent's own reads). If
+descriptors are not touched. The offset is the one the parent recorded in
+the fork's ``before`` phase (``record_offsets``, the "files" hook), since the
+parent runs on and may move it before the worker gets to read it. If
 the reopen fails (permissions changed since, a stale NFS handle...),
 ``privatize_or_share`` leaves that descriptor shared, as torch does, with a
 ``SharedFileWarning`` once per path.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -160,11 +161,41 @@ def _where(worker_id: int | None) -> str:
     return f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
 
 
+# The offsets of the parent's regular files at the moment of the fork, recorded in
+# the parent's `before` phase and inherited by the child (a thread-local: the
+# forking thread's). Read in the child instead, an offset can already have been
+# moved by the parent, which runs on while the child starts, and the child's
+# buffered readers (gzip, tarfile, zipfile) would then decode from the wrong place.
+_at_fork = threading.local()
+
+
+def record_offsets() -> None:
+    """In the parent, before a worker fork: each regular file's offset, for the child."""
+    offsets = {}
+    for entry in regular_file_fds():
+        try:
+            offsets[entry.fd] = (entry.dev, entry.ino, os.lseek(entry.fd, 0, os.SEEK_CUR))
+        except OSError:  # not seekable, or closed meanwhile: read in the child
+            continue
+    _at_fork.offsets = offsets
+
+
+def forget_offsets() -> None:
+    _at_fork.offsets = None
+
+
+def _offset_at_fork(entry: InheritedFd) -> int:
+    recorded = (getattr(_at_fork, "offsets", None) or {}).get(entry.fd)
+    if recorded is not None and recorded[:2] == (entry.dev, entry.ino):
+        return recorded[2]
+    return os.lseek(entry.fd, 0, os.SEEK_CUR)
+
+
 def _open_fresh(entry: InheritedFd, read_only: bool) -> tuple[int, int]:
-    """(a fresh descriptor of ``entry``'s file, the inherited offset); raises OSError."""
+    """(a fresh descriptor of ``entry``'s file, the offset at the fork); raises OSError."""
     access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
     flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
-    offset = os.lseek(entry.fd, 0, os.SEEK_CUR)
+    offset = _offset_at_fork(entry)
     return os.open(f"{_PROC_FD}/{entry.fd}", flags), offset
 
 

@@ -44,7 +44,13 @@ SharedFileWarning = _reopen.SharedFileWarning
 
 def register() -> None:
     # Before other backends' child hooks (priority 0), which may read files.
-    register_at_fork(after_in_child=privatize_inherited_files, name=HOOK_NAME, priority=50)
+    register_at_fork(
+        before=_reopen.record_offsets,
+        after_in_parent=_reopen.forget_offsets,
+        after_in_child=privatize_inherited_files,
+        name=HOOK_NAME,
+        priority=50,
+    )
 
 
 def privatize_inherited_files() -> None:
