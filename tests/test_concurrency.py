@@ -259,3 +259,26 @@ def test_near_the_open_file_limit_safeloader_works_wherever_torch_does_and_never
         spare += 1
         assert spare < 40, "torch never succeeded"
     assert _near_limit("safeloader", spare).startswith("OK"), f"torch works with {spare} spare descriptors"
+
+
+def test_sigterm_leaves_nothing_of_safeloader_in_the_temp_directory(tmp_path):
+    code = """
+import os, signal, time
+from torch.utils.data import Dataset
+from safeloader import DataLoader
+
+class Slow(Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return i
+
+iterator = iter(DataLoader(Slow(), num_workers=2, stall_timeout=30))
+next(iterator)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+    result = run_python(code, timeout=60, env={"TMPDIR": str(tmp_path)})
+    assert not result.timed_out and result.returncode == -15, result
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("safeloader")] == []
