@@ -26,7 +26,7 @@ LOADER = {loader!r}
 
 class Slow(Dataset):
     def __len__(self):
-        return 16
+        return 64  # 8 s with 2 workers: the stop at 3 s lands mid-epoch
     def __getitem__(self, i):
         time.sleep(0.25)
         return i
@@ -39,7 +39,7 @@ else:
     kwargs = {{"stall_timeout": 1.0}}
 print("started", flush=True)
 out = [int(x) for batch in DataLoader(Slow(), batch_size=2, num_workers=2, **kwargs) for x in batch]
-assert out == list(range(16)), out
+assert out == list(range(64)), out
 print("complete", flush=True)
 """
 
