@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._options import Options, configure, get_options
+from . import _options, _registry
+from ._options import Options, get_options
 from ._registry import (
     ForkContext,
     Hook,
@@ -29,6 +30,19 @@ from .errors import HookError, RegistrationError
 from .native import NATIVE
 
 __version__ = "0.1.0"
+
+
+def configure(**options: object) -> Options:
+    """Set process-wide defaults for every loader; returns the previous ones.
+
+    Example: ``safeloader.configure(zarrs_mode="serial", thread_budget=2)``.
+    Pass the returned object's fields back to restore. Names of ``disable_hooks``
+    must be registered hooks.
+    """
+    updated = get_options().replace(**options)
+    if "disable_hooks" in options:
+        _registry.check_hook_names(updated.disable_hooks)
+    return _options.set_defaults(updated)
 
 if TYPE_CHECKING:
     from ._install import install, installed, uninstall
@@ -91,6 +105,8 @@ __all__ = [
     "unregister",
 ]
 
-from .backends import register_builtin as _register_builtin  # noqa: E402
+from . import backends as _backends  # noqa: E402
+from . import watchdog as _watchdog  # noqa: E402
 
-_register_builtin()
+_watchdog.register()
+_backends.register_builtin()

@@ -46,7 +46,7 @@ def install() -> Installation:
     name imported before this call, or from a third-party subclass, are armed
     too. Idempotent; ``uninstall()`` restores torch exactly.
     """
-    if _registry._installed:
+    if _registry.installed():
         return Installation(owner=False)
     _saved["_get_iterator"] = _TorchDataLoader.__dict__["_get_iterator"]
     _TorchDataLoader._get_iterator = _armed_get_iterator  # type: ignore[method-assign]
@@ -61,7 +61,7 @@ def install() -> Installation:
 
 def uninstall() -> None:
     """Undo ``install()``; harmless when not installed."""
-    if not _registry._installed:
+    if not _registry.installed():
         return
     _TorchDataLoader._get_iterator = _saved.pop("_get_iterator")  # type: ignore[method-assign]
     reduce_ex = _saved.pop("__reduce_ex__")
@@ -77,4 +77,4 @@ def uninstall() -> None:
 
 def installed() -> bool:
     """Whether ``install()`` is in effect."""
-    return _registry._installed
+    return _registry.installed()

@@ -99,7 +99,7 @@ def _start_lock(loader: Any) -> threading.RLock:
 
 def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
-    if loader.num_workers == 0 or getattr(_registry._local, "arming", None) is not None:
+    if loader.num_workers == 0 or _registry.armed() is not None:
         return start()  # no workers, or already armed by an outer call
     with _start_lock(loader):
         return _start_armed(loader, start)
@@ -116,7 +116,6 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     # the workers; trainers that rebuild the loader see the user's values.
     # object.__setattr__ bypasses a __setattr__ that records attribute sets
     # (Lightning's, while it runs a fit), which would replay our swap later.
-    arming = _registry._Arming(loader, options)
     watch = None
     try:
         if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
@@ -128,11 +127,10 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
-        _registry._local.arming = arming
-        backends.prepare_start(loader, start_method)
-        iterator = start()
+        with _registry.arm(loader, options, watch) as arming:
+            backends.prepare_start(loader, start_method)
+            iterator = start()
     finally:
-        _registry._local.arming = None
         object.__setattr__(loader, "worker_init_fn", user_init)
         object.__setattr__(loader, "multiprocessing_context", user_context)
     if arming.errors:
@@ -185,12 +183,12 @@ class _SafeDataLoaderMeta(type):
     # armed too). Keep isinstance(x, torch.utils.data.DataLoader) true for
     # them, as trainers check it.
     def __instancecheck__(cls, obj: object) -> bool:
-        if cls is SafeDataLoader and _registry._installed:
+        if cls is SafeDataLoader and _registry.installed():
             return isinstance(obj, _TorchDataLoader)
         return super().__instancecheck__(obj)
 
     def __subclasscheck__(cls, subclass: type) -> bool:
-        if cls is SafeDataLoader and _registry._installed:
+        if cls is SafeDataLoader and _registry.installed():
             return issubclass(subclass, _TorchDataLoader)
         return super().__subclasscheck__(subclass)
 

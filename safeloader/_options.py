@@ -98,18 +98,10 @@ def get_options() -> Options:
     return _defaults
 
 
-def configure(**options: object) -> Options:
-    """Set process-wide defaults for every loader; returns the previous ones.
-
-    Example: ``safeloader.configure(zarrs_mode="serial", thread_budget=2)``.
-    Pass the returned object's fields back to restore.
-    """
+def set_defaults(options: Options) -> Options:
+    """Make ``options`` the process-wide defaults (``safeloader.configure``); returns the previous ones."""
     global _defaults
-    previous = _defaults
-    updated = _defaults.replace(**options)
-    if "disable_hooks" in options:
-        from ._registry import check_hook_names  # the registry imports this module
-
-        check_hook_names(updated.disable_hooks)
-    _defaults = updated
+    if not isinstance(options, Options):
+        raise TypeError(f"options must be a safeloader.Options, got {options!r}")
+    previous, _defaults = _defaults, options
     return previous

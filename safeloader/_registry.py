@@ -16,13 +16,14 @@ by safeloader's ``worker_init_fn`` wrapper through torch's worker-error path.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,16 +77,20 @@ class ForkContext:
     options: Options
     loader: Any = None
     """The DataLoader starting its workers, when known."""
+    watch: Any = None
+    """The stall watchdog's ``Watch`` for this loader's workers, None when it is off."""
     _carrier: bool = field(default=False, repr=False)
     """True when safeloader's worker_init_fn runs in the worker and can carry errors."""
 
 
 @dataclass
-class _Arming:
-    """Set on a thread while a safeloader loader starts its workers."""
+class Arming:
+    """What the registry knows of a loader starting its workers on this thread (see ``arm``)."""
 
     loader: Any
     options: Options
+    watch: Any = None
+    """The stall watchdog's ``Watch`` for the workers, or None."""
     errors: list[HookError] = field(default_factory=list)
     recognised: int = 0
     """Forks recognised as this loader's DataLoader workers."""
@@ -222,6 +227,18 @@ def hooks() -> list[Hook]:
     return list(_ordered)
 
 
+def get_hook(name: str) -> Hook | None:
+    """The hook registered as ``name``, or None."""
+    return _hooks.get(name)
+
+
+def hook_runs(name: str, options: Options) -> bool:
+    """Whether the hook ``name`` runs around a worker fork of a loader with ``options``:
+    registered, enabled, its ``requires`` imported, and not in ``options.disable_hooks``."""
+    hook = _hooks.get(name)
+    return hook is not None and hook.active and name not in options.disable_hooks
+
+
 def disable(hook_or_name: Hook | str) -> None:
     """Stop running a hook (a built-in backend, say) around forks, process-wide."""
     with _lock:
@@ -251,6 +268,30 @@ def check_hook_names(names: Iterable[str]) -> None:
     if unknown:
         registered = ", ".join(_hooks)
         raise ValueError(f"disable_hooks must name registered hooks ({registered}), got unknown {unknown}")
+
+
+@contextlib.contextmanager
+def arm(loader: Any, options: Options, watch: Any = None) -> Iterator[Arming]:
+    """Arm the worker forks this thread makes inside the block as ``loader``'s, run with ``options``.
+
+    The yielded ``Arming`` collects the hooks' errors and counts the forks recognised.
+    """
+    arming = Arming(loader, options, watch)
+    _local.arming = arming
+    try:
+        yield arming
+    finally:
+        _local.arming = None
+
+
+def armed() -> Arming | None:
+    """The ``Arming`` of the loader this thread is starting, or None."""
+    return getattr(_local, "arming", None)
+
+
+def installed() -> bool:
+    """Whether ``safeloader.install()`` is in effect (every worker fork is armed)."""
+    return _installed
 
 
 def set_installed(installed: bool) -> None:
@@ -293,7 +334,7 @@ def _launching_worker() -> tuple[int, int] | None:
 
 
 def _context_for_this_fork() -> ForkContext | None:
-    arming: _Arming | None = getattr(_local, "arming", None)
+    arming = armed()
     if arming is None and not _installed:
         return None
     worker = _launching_worker()
@@ -304,7 +345,7 @@ def _context_for_this_fork() -> ForkContext | None:
     if arming is None:  # install() is on, but the loader's iterator is not ours to wrap
         return ForkContext(worker[0], worker[1], get_options())
     arming.recognised += 1
-    return ForkContext(worker[0], worker[1], arming.options, arming.loader, _carrier=True)
+    return ForkContext(worker[0], worker[1], arming.options, arming.loader, arming.watch, _carrier=True)
 
 
 # -- dispatch ------------------------------------------------------------------
@@ -355,7 +396,7 @@ def _on_before() -> None:
     context = _context_for_this_fork()
     _local.pending = context
     errors = _run_phase("before", context)
-    arming = getattr(_local, "arming", None)
+    arming = armed()
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)
         _local.parent_failed = bool(errors)
@@ -372,7 +413,7 @@ def _on_after_in_parent() -> None:
         _local.pending = _NO_FORK
         _local.parent_failed = False
         _release_fork_guard()
-    arming = getattr(_local, "arming", None)
+    arming = armed()
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)
     else:

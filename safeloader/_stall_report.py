@@ -10,36 +10,24 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
-from . import _registry, native
+from . import _registry, _stacks
+from ._stacks import NativeThread, PythonThread
 from ._torch_internals import WORKER_LOOP_NAMES
-from .watchdog import NATIVE_READY, NATIVE_STACK_SIGNAL, PYTHON_READY, PYTHON_STACK_SIGNAL, Watch
 
 PYTHON_DUMP_WAIT = 3.0
-NATIVE_THREAD_WAIT = 0.5
 NATIVE_TOTAL_WAIT = 8.0
 
-_THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
-_PY_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 
+class WatchedLoader(Protocol):
+    """What the report needs to know of the loader's watch (``watchdog.Watch``)."""
 
-@dataclass
-class PythonThread:
-    ident: int
-    main: bool
-    frames: list[tuple[str, int, str]]
-    """(file, line, function), innermost first (faulthandler's order)."""
-
-
-@dataclass
-class NativeThread:
-    tid: int
-    name: str
-    kernel_wait: str
-    """What the kernel says the thread waits in (``/proc/<pid>/task/<tid>/wchan``), e.g. futex_wait_queue."""
-    frames: list[tuple[str, str]] = field(default_factory=list)
-    """(library path, symbol) per frame, innermost first."""
+    stall_timeout: float
+    first_limit: float
+    disabled_hooks: frozenset[str]
+    parent_threads: tuple[str, ...]
 
 
 @dataclass
@@ -82,120 +70,28 @@ class StallReport:
 # -- collecting ----------------------------------------------------------------------
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def _read_from(path: str, offset: int) -> str:
-    with open(path, "rb") as dump:
-        dump.seek(offset)
-        return dump.read().decode("utf-8", "replace")
-
-
-def _wait_for_dump(path: str, offset: int, deadline: float, marker: str | None = None) -> str:
-    """What was appended to ``path`` after ``offset``: until ``marker`` appears, or the size settles."""
-    last_size, settled_since = offset, None
-    while time.monotonic() < deadline:
-        size = _size(path)
-        if size > offset:
-            if marker is not None and marker in _read_from(path, offset):
-                break
-            if marker is None:
-                if size == last_size and settled_since is not None and time.monotonic() - settled_since > 0.15:
-                    break
-                if size != last_size:
-                    settled_since = time.monotonic()
-        last_size = size
-        time.sleep(0.02)
-    return _read_from(path, offset) if _size(path) > offset else ""
-
-
-def _read_proc(path: str) -> str:
-    try:
-        with open(path) as proc:
-            return proc.read().strip()
-    except OSError:
-        return ""
-
-
-def _parse_python(text: str, main_ident: int | None) -> list[PythonThread]:
-    threads: list[PythonThread] = []
-    for line in text.splitlines():
-        header = _THREAD_HEADER.match(line)
-        if header:
-            ident = int(header.group(2), 16)
-            threads.append(PythonThread(ident, ident == main_ident, []))
-            continue
-        frame = _PY_FRAME.match(line)
-        if frame and threads:
-            threads[-1].frames.append((frame["file"], int(frame["line"]), frame["func"]))
-    return threads
-
-
-def _parse_native(text: str, pid: int) -> dict[int, list[tuple[str, str]]]:
-    frames: dict[int, list[tuple[str, str]]] = {}
-    current: list[tuple[str, str]] | None = None
-    for line in text.splitlines():
-        parts = line.split(" ")
-        if parts[0] == "native-thread" and len(parts) >= 2:
-            current = frames.setdefault(int(parts[1]), [])
-        elif parts[0] == "frame" and current is not None and len(parts) >= 5:
-            symbol = " ".join(parts[4:])
-            current.append((parts[2], f"?{parts[3]}" if symbol == "?" else symbol))  # unnamed: offset in the library
-        elif parts[0] == "end-thread":
-            current = None
-    return frames
-
-
-def _blocks_signal(pid: int, tid: int, signum: int) -> bool:
-    for line in _read_proc(f"/proc/{pid}/task/{tid}/status").splitlines():
-        if line.startswith("SigBlk:"):
-            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
-
-
 def collect(
-    watch: Watch, worker_id: int, pid: int, waited: float, limit: float, starting: bool, items: float
+    worker_id: int,
+    pid: int,
+    waited: float,
+    limit: float,
+    starting: bool,
+    items: float,
+    python_path: str | None,
+    native_path: str | None,
+    watch: WatchedLoader,
 ) -> StallReport:
-    """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked)."""
-    flags = watch.ready_flags(worker_id)
+    """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked).
+
+    ``python_path``/``native_path``: where its stack dumpers write, None where it has none.
+    """
     python_text, main_ident = "", None
-    if flags & PYTHON_READY:
-        path = watch.python_stack_path(worker_id, pid)
-        header = _read_from(path, 0).splitlines()[:1]
-        if header and header[0].startswith("main-thread "):
-            main_ident = int(header[0].split()[1], 16)
-        offset = _size(path)
-        try:
-            os.kill(pid, PYTHON_STACK_SIGNAL)
-            python_text = _wait_for_dump(path, offset, time.monotonic() + PYTHON_DUMP_WAIT)
-        except ProcessLookupError:
-            pass
-    native_threads = []
-    tids = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") else []
-    native_frames: dict[int, list[tuple[str, str]]] = {}
-    if flags & NATIVE_READY:
-        path = watch.native_stack_path(worker_id, pid)
-        deadline = time.monotonic() + NATIVE_TOTAL_WAIT
-        for tid in tids:
-            if _blocks_signal(pid, tid, NATIVE_STACK_SIGNAL):
-                continue  # e.g. multiprocessing's resource-sharer thread blocks every signal
-            offset = _size(path)
-            try:
-                native.signal_thread(pid, tid, NATIVE_STACK_SIGNAL)
-            except OSError:
-                continue  # the thread exited meanwhile
-            thread_deadline = min(deadline, time.monotonic() + NATIVE_THREAD_WAIT)
-            _wait_for_dump(path, offset, thread_deadline, marker=f"end-thread {tid}\n")
-        native_frames = _parse_native(_read_from(path, 0), pid)
-    for tid in tids:
-        task = f"/proc/{pid}/task/{tid}"
-        native_threads.append(
-            NativeThread(tid, _read_proc(f"{task}/comm"), _read_proc(f"{task}/wchan"), native_frames.get(tid, []))
-        )
+    if python_path is not None:
+        python_text, main_ident = _stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT)
+    tids = _stacks.thread_ids(pid)
+    frames = {}
+    if native_path is not None:
+        frames = _stacks.native_stacks(pid, tids, native_path, time.monotonic() + NATIVE_TOTAL_WAIT)
     report = StallReport(
         worker_id=worker_id,
         pid=pid,
@@ -203,10 +99,10 @@ def collect(
         limit=limit,
         starting=starting,
         items_done=int(items),
-        python_threads=_parse_python(python_text, main_ident),
+        python_threads=_stacks.parse_python(python_text, main_ident),
         python_text=python_text,
-        native_threads=native_threads,
-        native_available=bool(flags & NATIVE_READY),
+        native_threads=_stacks.native_threads(pid, tids, frames),
+        native_available=native_path is not None,
     )
     report.cause = likely_cause(report, watch)
     return report
@@ -215,9 +111,9 @@ def collect(
 # -- explaining ----------------------------------------------------------------------
 
 
-def _hook_state(name: str, watch: Watch) -> str:
+def _hook_state(name: str, watch: WatchedLoader) -> str:
     """Why the safeloader backend ``name`` did not prevent this."""
-    hook = next((h for h in _registry.hooks() if h.name == name), None)
+    hook = _registry.get_hook(name)
     if hook is None:
         return f"this safeloader has no {name!r} backend registered"
     if name in watch.disabled_hooks:
@@ -252,7 +148,7 @@ def _python_files(report: StallReport) -> list[str]:
     return [f for thread in report.python_threads for f, _, _ in thread.frames]
 
 
-def likely_cause(report: StallReport, watch: Watch) -> str:
+def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
     libraries, symbols, files = _libraries(report), _symbols(report), _python_files(report)
     main_files = [f for f, _, _ in (report.main_thread.frames if report.main_thread else [])]
     if any(f"{os.sep}zarrs{os.sep}" in path for path in [*files, *libraries]):
@@ -311,7 +207,7 @@ def likely_cause(report: StallReport, watch: Watch) -> str:
     )
 
 
-def native_pool_cause(main: NativeThread | None, watch: Watch) -> str | None:
+def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | None:
     """A worker whose main thread waits inside a library that runs a rayon pool or a tokio runtime.
 
     Stripped Rust libraries show no frame names: the library the frames lie in
@@ -323,7 +219,7 @@ def native_pool_cause(main: NativeThread | None, watch: Watch) -> str | None:
         return None
     from . import native_pools
 
-    library = next((lib for lib, _ in main.frames if not any(s in lib for s in _SYSTEM_LIBRARIES)), None)
+    library = next((lib for lib, _ in main.frames if not any(s in lib for s in _stacks.SYSTEM_LIBRARIES)), None)
     if library is None:
         return None
     kinds = native_pools.runtimes_in_symbols([symbol for lib, symbol in main.frames if lib == library])
@@ -333,10 +229,9 @@ def native_pool_cause(main: NativeThread | None, watch: Watch) -> str | None:
     owner = native_pools.owner(library)
     what = native_pools.describe(library, kinds[:1])
     also = f" (it also runs a {', '.join(kinds[1:])}, inherited the same way)" if kinds[1:] else ""
-    hook = next((h for h in _registry.hooks() if h.name == owner), None)
     fix = (
         _hook_state(owner, watch)
-        if hook is not None
+        if _registry.get_hook(owner) is not None
         else f"no safeloader backend resets {owner}'s pools: pass on_unsafe_fork='forkserver' to the loader "
         "(or safeloader.configure(on_unsafe_fork='forkserver')), or do not use the library in the parent "
         "before the workers start"
@@ -357,7 +252,7 @@ def _parent_thread_names() -> str:
     except OSError:
         return ""
     for tid in tids:
-        name = _read_proc(f"/proc/self/task/{tid}/comm")
+        name = _stacks.read_proc(f"/proc/self/task/{tid}/comm")
         if name and name not in ("python", "python3", "pt_main_thread"):
             counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
@@ -403,14 +298,11 @@ def _format_native(thread: NativeThread, limit: int = 12) -> list[str]:
     return lines
 
 
-_SYSTEM_LIBRARIES = ("libc.so", "libpthread", "ld-linux", "libpython", "libstdc++", "libgcc_s")
-
-
 def _top_named_frame(thread: NativeThread) -> str:
     """Innermost named frame, and the innermost library that is not libc/Python (who is waiting)."""
     named = next(((lib, sym) for lib, sym in thread.frames if not sym.startswith("?")), None)
     text = f"{named[1]} ({short_library(named[0])})" if named else "?"
-    owner = next((lib for lib, _ in thread.frames if not any(s in lib for s in _SYSTEM_LIBRARIES)), None)
+    owner = next((lib for lib, _ in thread.frames if not any(s in lib for s in _stacks.SYSTEM_LIBRARIES)), None)
     if owner is not None and (named is None or owner != named[0]):
         text += f" called from {short_library(owner)}"
     return text
@@ -479,7 +371,7 @@ def details(report: StallReport) -> str:
     return "\n".join(lines)
 
 
-def message(reports: list[StallReport], watch: Watch) -> str:
+def message(reports: list[StallReport], watch: WatchedLoader) -> str:
     lines = [f"safeloader: {len(reports)} DataLoader worker(s) stalled (stall_timeout={watch.stall_timeout:g} s)."]
     lines += describe(reports[0])
     for report in reports[1:]:

@@ -75,18 +75,17 @@ def _risky_libraries() -> tuple[str, ...]:
 def _backend_active(name: str, options: Options) -> bool:
     from . import _registry
 
-    hook = next((h for h in _registry.hooks() if h.name == name), None)
-    return hook is not None and hook.active and name not in options.disable_hooks
+    return _registry.hook_runs(name, options)
 
 
 def _libraries_of_threads() -> dict[int, tuple[str, ...]]:
     from . import native
-    from .doctor import _thread_libraries  # "from . import doctor" gives safeloader.doctor(), the function
+    from .doctor import thread_libraries  # "from . import doctor" gives safeloader.doctor(), the function
 
     tids = [tid for tid, _ in native.thread_census().foreign]
     new = [tid for tid in tids if tid not in _thread_owner]
     if new:
-        for tid, libraries in _thread_libraries(new).items():
+        for tid, libraries in thread_libraries(new).items():
             _thread_owner[tid] = tuple(os.path.realpath(lib) for lib in libraries)
     return {tid: _thread_owner.get(tid, ()) for tid in tids}
 

@@ -19,15 +19,12 @@ import importlib.metadata
 import json as json_module
 import os
 import platform
-import signal
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, forkstate, native
+from . import _registry, _stacks, forkstate, native
 from ._options import get_options
 
 __all__ = ["collect", "doctor", "format_report"]
@@ -115,8 +112,7 @@ def _hooks() -> list[dict[str, Any]]:
 
 
 def _hook_runs(name: str) -> bool:
-    hook = next((h for h in _registry.hooks() if h.name == name), None)
-    return hook is not None and hook.enabled and name not in get_options().disable_hooks
+    return _registry.hook_runs(name, get_options())
 
 
 def _plan(name: str, active_text: str) -> str:
@@ -125,48 +121,15 @@ def _plan(name: str, active_text: str) -> str:
     return f"nothing: the {name!r} backend is disabled or missing; workers may hang or read wrong data"
 
 
-_SYSTEM = ("libc.so", "libc-", "libpthread", "ld-linux", "libpython", "libstdc++", "libgcc_s", "libm.so")
+def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
+    """Libraries on each of this process's native threads' stacks (innermost first).
 
-
-def _thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
-    """Libraries on each native thread's stack (innermost first), from the C extension's backtrace.
-
-    The doctor signals its own threads; a thread blocking the signal stays
-    unknown. Empty without the extension, or inside a DataLoader worker
-    (whose handler belongs to the stall watchdog).
+    Empty without the C extension, or inside a DataLoader worker (whose
+    handler on the native-stack signal belongs to the stall watchdog).
     """
     from . import watchdog
-    from ._stall_report import _blocks_signal, _parse_native
 
-    if not native.NATIVE or watchdog._worker_beat is not None:
-        return {}
-    signum = watchdog.NATIVE_STACK_SIGNAL
-    previous = signal.getsignal(signum)
-    pid = os.getpid()
-    with tempfile.TemporaryFile() as dump:
-        native.install_backtrace_handler(signum, dump.fileno())
-        try:
-            for tid in tids:
-                if _blocks_signal(pid, tid, signum):
-                    continue
-                try:
-                    native.signal_thread(pid, tid, signum)
-                except OSError:
-                    continue
-                deadline = time.monotonic() + 0.5
-                while time.monotonic() < deadline:
-                    dump.seek(0)
-                    if f"end-thread {tid}\n".encode() in dump.read():
-                        break
-                    time.sleep(0.005)
-        finally:
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        dump.seek(0)
-        frames = _parse_native(dump.read().decode("utf-8", "replace"), pid)
-    return {
-        tid: [lib for lib, _ in stack if not any(s in os.path.basename(lib) for s in _SYSTEM)]
-        for tid, stack in frames.items()
-    }
+    return {} if watchdog.in_watched_worker() else _stacks.own_thread_libraries(tids)
 
 
 def _classify(libraries: list[str], waits_in: str | None) -> str:
@@ -236,7 +199,7 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
     def add(kind: str, what: str, safeloader_will: str, handled: bool) -> None:
         hazards.append({"kind": kind, "what": what, "safeloader_will": safeloader_will, "handled": handled})
 
-    libraries = _thread_libraries(t.tid for t in state.native_threads)
+    libraries = thread_libraries(t.tid for t in state.native_threads)
     groups: dict[str, list[int]] = {}
     for thread in state.native_threads:
         groups.setdefault(_classify(libraries.get(thread.tid, []), thread.library), []).append(thread.tid)
@@ -328,7 +291,7 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
     """The doctor's findings as plain data (what ``--json`` prints). Imports ``imports`` first."""
     for name in imports:
         importlib.import_module(name)
-    import safeloader._loader  # noqa: F401  (registers the watchdog's hook, as a loader would)
+    import torch.utils.data  # noqa: F401  (hooks that require torch are listed as a loader sees them)
 
     state = forkstate.snapshot(pools=True)
     options = get_options()

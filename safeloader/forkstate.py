@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from . import native
 
-__all__ = ["ForkState", "NativeThread", "Pool", "parent_state", "record", "register", "snapshot"]
+__all__ = ["ForkState", "ForeignThread", "Pool", "parent_state", "record", "register", "snapshot"]
 
 # Runtimes whose pool a forked child cannot use: GNU OpenMP keeps the parent's
 # team in the child and waits for threads that do not exist. LLVM/Intel
@@ -49,7 +49,7 @@ _GOMP_ATTRIBUTABLE = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
 
 
 @dataclass(frozen=True)
-class NativeThread:
+class ForeignThread:
     """An OS thread of this process that Python's ``threading`` did not start."""
 
     tid: int
@@ -83,7 +83,7 @@ class ForkState:
     """``safeloader.native.fork_generation()`` when taken (a worker's is its parent's + 1)."""
     python_threads: tuple[tuple[int, str], ...]
     """(tid, name) of threads started by Python's ``threading``."""
-    native_threads: tuple[NativeThread, ...]
+    native_threads: tuple[ForeignThread, ...]
     """Threads Python did not start: native pools, runtimes, watchdogs of C libraries."""
     gomp_loaded: tuple[str, ...]
     """Real paths of the GNU OpenMP runtimes (libgomp copies) loaded in the process."""
@@ -107,13 +107,8 @@ class ForkState:
     notes: tuple[str, ...] = field(default=())
     """Why some facts are missing or conservative."""
 
-    @property
-    def unattributed(self) -> tuple[NativeThread, ...]:
-        """Native threads whose library could not be determined."""
-        return tuple(t for t in self.native_threads if t.library is None)
-
-    def threads_in(self, library: str) -> tuple[NativeThread, ...]:
-        """Native threads waiting in ``library`` (a real path, as in ``NativeThread.library``)."""
+    def threads_in(self, library: str) -> tuple[ForeignThread, ...]:
+        """Native threads waiting in ``library`` (a real path, as in ``ForeignThread.library``)."""
         return tuple(t for t in self.native_threads if t.library == library)
 
     def describe(self) -> str:
@@ -199,19 +194,19 @@ def _dynamic_linker() -> _DynamicLinker:
     return _linker
 
 
-def _native_thread(tid: int, name: str) -> NativeThread:
+def _native_thread(tid: int, name: str) -> ForeignThread:
     try:
         with open(f"/proc/self/task/{tid}/syscall") as f:
             fields = f.read().split()
     except OSError:  # exited meanwhile, or /proc restricted
-        return NativeThread(tid, name, "unknown", None)
+        return ForeignThread(tid, name, "unknown", None)
     if not fields or fields[0] == "running":
-        return NativeThread(tid, name, "running", None)
+        return ForeignThread(tid, name, "running", None)
     try:
         address = int(fields[-1], 16)  # "nr args... sp pc": the instruction pointer is last
     except ValueError:
-        return NativeThread(tid, name, "unknown", None)
-    return NativeThread(tid, name, "blocked", _dynamic_linker().library_at(address))
+        return ForeignThread(tid, name, "unknown", None)
+    return ForeignThread(tid, name, "blocked", _dynamic_linker().library_at(address))
 
 
 def _is_gomp(path: str) -> bool:

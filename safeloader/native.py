@@ -89,10 +89,6 @@ class ThreadCensus:
     foreign: tuple[tuple[int, str], ...]
     """(tid, kernel name) of threads Python did not start: native pools."""
 
-    @property
-    def total(self) -> int:
-        return len(self.python) + len(self.foreign)
-
 
 def _kernel_thread_name(tid: int) -> str:
     try:

@@ -19,12 +19,11 @@ the likely cause (see ``_stall_report``).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import faulthandler
 import mmap
-import multiprocessing
 import os
+import resource
 import signal
 import threading
 import time
@@ -32,19 +31,15 @@ from typing import Any
 
 from . import _registry, native
 from ._options import Options
+from ._stacks import NATIVE_STACK_SIGNAL, PYTHON_STACK_SIGNAL
 
 __all__ = ["FIRST_ITEM_FACTOR", "PYTHON_STACK_SIGNAL", "NATIVE_STACK_SIGNAL", "Watch", "WorkerStallError"]
 
+HOOK_NAME = "watchdog"
 FIRST_ITEM_FACTOR = 2.0
 """The worker's start and first item may take this many times ``stall_timeout``."""
 SLOW_START_ALLOWANCE = 60.0
 """Extra seconds for a spawn/forkserver worker to start (it re-imports torch and the program)."""
-# Real-time signals: no library in a data pipeline uses these, and their
-# default action (terminate) only matters if a handler is missing, which the
-# parent checks before sending.
-PYTHON_STACK_SIGNAL = signal.SIGRTMIN + 2
-NATIVE_STACK_SIGNAL = signal.SIGRTMIN + 3
-
 # One slot of FIELDS doubles per worker; a double store is atomic on the
 # platforms torch supports, and the parent re-reads before acting.
 FIELDS = 8
@@ -90,12 +85,16 @@ class Watch:
         self.first_limit = self.stall_timeout * FIRST_ITEM_FACTOR
         self.start_limit = self.first_limit + (0.0 if start_method == "fork" else SLOW_START_ALLOWANCE)
         self.start_method = start_method
+        import ctypes  # here, not at import: importing safeloader must stay cheap
+
         if start_method == "fork":
             # Anonymous shared memory: no descriptor in the parent or the workers
             # (multiprocessing's RawArray keeps one open for its arena).
             self._memory = mmap.mmap(-1, ctypes.sizeof(ctypes.c_double) * FIELDS * num_workers)
             self.slots = (ctypes.c_double * (FIELDS * num_workers)).from_buffer(self._memory)
         else:  # spawn/forkserver workers receive it pickled
+            import multiprocessing
+
             self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
         self.parent_pid = os.getpid()
         self.next_check = 0.0  # parent only: when the next heartbeat check is due
@@ -158,7 +157,12 @@ class Watch:
             return
 
         def on_send_error(error: BaseException, obj: Any) -> None:
-            slots[base + SEND_ERRNO] = float(getattr(error, "errno", None) or -1)
+            number = getattr(error, "errno", None) or -1
+            if number not in (errno.EMFILE, errno.ENFILE) and _out_of_descriptors():
+                # What failed may not say so: tempfile, out of descriptors, raises
+                # "No usable temporary directory" (ENOENT) when torch shares a tensor.
+                number = errno.EMFILE
+            slots[base + SEND_ERRNO] = float(number)
             report(error, obj)  # multiprocessing's own: prints the traceback
 
         # Read by the queue when its feeder thread starts, at the first put: after this.
@@ -220,18 +224,24 @@ class Watch:
 # -- the worker's heartbeat ----------------------------------------------------------
 
 
+def _spare_descriptors() -> float:
+    """How many more file descriptors this process may open (0 when it cannot even list them)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return float("inf")
+    try:
+        return float(soft - len(os.listdir("/proc/self/fd")))
+    except OSError:
+        return 0.0
+
+
 def _few_spare_descriptors() -> bool:
     """Whether this process is close to its open-file limit (then the worker's data
     path gets the descriptors, and a stall is reported without stacks)."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY or soft >= 4096:
         return False  # the usual limits: no need to count
-    try:
-        return soft - len(os.listdir("/proc/self/fd")) < 64
-    except OSError:
-        return True
+    return _spare_descriptors() < 64
 
 
 class _Beat:
@@ -264,6 +274,11 @@ class _Beat:
 
 
 _worker_beat: _Beat | None = None
+
+
+def in_watched_worker() -> bool:
+    """Whether this process is a DataLoader worker with the stall watchdog's signal handlers installed."""
+    return _worker_beat is not None
 
 
 class _CountingMapDataset:
@@ -359,12 +374,32 @@ def _instrument_fetchers() -> None:
     kind.create_fetcher = staticmethod(create_fetcher)
 
 
-def enter_worker_at_fork() -> None:
-    """The "watchdog" hook's after_in_child (registered by ``safeloader.backends``)."""
+def _start_clock_at_fork() -> None:
+    """In the parent, last before a worker fork: its start is timed from now.
+
+    The Watch was created before the first fork; another hook may have waited
+    long since (for a lock another thread held), and that is not the worker's time.
+    """
     context = _registry.fork_context()
-    watch = getattr(getattr(context.loader, "worker_init_fn", None), "watch", None) if context else None
-    if isinstance(watch, Watch):
-        watch.enter_worker(context.worker_id)
+    if context is not None and isinstance(context.watch, Watch):
+        context.watch.slots[context.worker_id * FIELDS + LAST] = time.monotonic()
+
+
+def _enter_worker_at_fork() -> None:
+    """In a forked worker, before any other hook runs: its heartbeat and stack dumpers."""
+    context = _registry.fork_context()
+    if context is not None and isinstance(context.watch, Watch):
+        context.watch.enter_worker(context.worker_id)
+
+
+def register() -> None:
+    """Register the watchdog's fork hook (at import of safeloader)."""
+    # First among after_in_child hooks (and last in `before`), so that a hang in
+    # a later hook or in worker_init_fn is diagnosed with stacks too.
+    # Spawn/forkserver workers start their watch in safeloader's worker_init_fn instead.
+    _registry.register_at_fork(
+        before=_start_clock_at_fork, after_in_child=_enter_worker_at_fork, name=HOOK_NAME, priority=1_000_000
+    )
 
 
 # -- the parent's side ---------------------------------------------------------------
@@ -437,12 +472,18 @@ def _check(iterator: Any, watch: Watch) -> None:
     stalled = watch.stalled(alive)
     if not stalled:
         return
-    from . import _stall_report
+    from . import _stall_report  # only once a worker stalled
 
     reports = []
     for worker_id, waited, limit, state, items, batch in stalled:
         pid = workers[worker_id].pid
-        report = _stall_report.collect(watch, worker_id, pid, waited, limit, state == STARTING, items)
+        flags = watch.ready_flags(worker_id)
+        report = _stall_report.collect(
+            worker_id, pid, waited, limit, state == STARTING, items,
+            python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
+            native_path=watch.native_stack_path(worker_id, pid) if flags & NATIVE_READY else None,
+            watch=watch,
+        )
         report.collating = int(batch) if state == COLLATING else 0
         report.batch = int(batch)
         reports.append(report)
@@ -451,6 +492,15 @@ def _check(iterator: Any, watch: Watch) -> None:
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
     error.details = "\n\n".join(_stall_report.details(report) for report in reports)
     raise error
+
+
+# A failed send counts as "out of descriptors" when fewer than this many are left.
+DESCRIPTORS_LOW = 8
+
+
+def _out_of_descriptors() -> bool:
+    """Whether this process has (nearly) run out of file descriptors, the usual cause of a lost batch."""
+    return _spare_descriptors() < DESCRIPTORS_LOW
 
 
 def _send_failure_message(failures: list[tuple[int, int]]) -> str:

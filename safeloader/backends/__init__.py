@@ -13,11 +13,8 @@ worker exists, and for pickling support that spawn/forkserver need.
 from __future__ import annotations
 
 import importlib
-import sys
 from types import ModuleType
 from typing import Any
-
-from .._registry import register_at_fork
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
 BUILTIN: tuple[str, ...] = (
@@ -28,18 +25,7 @@ BUILTIN: tuple[str, ...] = (
 _modules: list[ModuleType] = []
 
 
-def _watchdog_enter_worker() -> None:
-    # safeloader.watchdog is imported by the loader that armed this fork;
-    # importing it here for nothing would cost every plain import of safeloader.
-    watchdog = sys.modules.get("safeloader.watchdog")
-    if watchdog is not None:
-        watchdog.enter_worker_at_fork()
-
-
 def register_builtin() -> None:
-    # First among after_in_child hooks, so that a hang in a later hook or in
-    # worker_init_fn is diagnosed with stacks too.
-    register_at_fork(after_in_child=_watchdog_enter_worker, name="watchdog", priority=1_000_000)
     for name in BUILTIN:
         module = importlib.import_module(f"{__name__}.{name}")
         module.register()

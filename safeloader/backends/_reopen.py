@@ -293,7 +293,7 @@ def worker_id() -> int | None:
 
 def reducers_active() -> bool:
     """True while a safeloader loader starts its workers on this thread."""
-    return getattr(_registry._local, "arming", None) is not None
+    return _registry.armed() is not None
 
 
 _registered: set[type] = set()
