@@ -128,7 +128,7 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         watch = watchdog.start_watch(loader, options, start_method)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         with _registry.arm(loader, options, watch) as arming:
-            backends.prepare_start(loader, start_method)
+            backends.prepare_start(loader, options, start_method)
             iterator = start()
     finally:
         object.__setattr__(loader, "worker_init_fn", user_init)

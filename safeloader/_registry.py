@@ -48,6 +48,8 @@ class Hook:
     every_fork: bool = False
     requires: tuple[str, ...] = ()
     """Module names that must be imported (in ``sys.modules``) for the hook to run."""
+    description: str = ""
+    """What it does, in one line (``python -m safeloader doctor`` lists it)."""
     _seq: int = field(default=0, repr=False)
 
     @property
@@ -147,6 +149,7 @@ def register_at_fork(
     every_fork: bool = False,
     requires: Iterable[str] = (),
     replace: bool = False,
+    description: str = "",
 ) -> Hook:
     """Register callbacks to run around each DataLoader worker fork.
 
@@ -162,7 +165,7 @@ def register_at_fork(
     ``every_fork=True`` also runs the hook around forks that are not
     DataLoader workers. ``requires`` names modules that must be imported for
     the hook to run (a backend for a library the program never imported
-    costs nothing).
+    costs nothing). ``description`` says in a line what the hook does, for ``doctor``.
     """
     global _next_seq
     callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
@@ -180,6 +183,8 @@ def register_at_fork(
         raise RegistrationError(f"every_fork must be a bool, got {every_fork!r}")
     if not isinstance(replace, bool):
         raise RegistrationError(f"replace must be a bool, got {replace!r}")
+    if not isinstance(description, str):
+        raise RegistrationError(f"description must be a str, got {description!r}")
     if isinstance(requires, str):
         requires = (requires,)
     if not isinstance(requires, Iterable):
@@ -194,7 +199,9 @@ def register_at_fork(
                 "pass replace=True to replace it, or choose another name"
             )
         _next_seq += 1
-        hook = Hook(name, before, after_in_parent, after_in_child, priority, every_fork, requires, _next_seq)
+        hook = Hook(
+            name, before, after_in_parent, after_in_child, priority, every_fork, requires, description, _next_seq
+        )
         _hooks[name] = hook
         _reorder()
     return hook

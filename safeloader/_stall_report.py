@@ -16,6 +16,7 @@ from typing import Protocol
 from . import _registry, _stacks
 from ._stacks import NativeThread, PythonThread
 from ._torch_internals import WORKER_LOOP_NAMES
+from .hook_names import H5PY, THREADPOOLS, ZARRS
 
 PYTHON_DUMP_WAIT = 3.0
 NATIVE_TOTAL_WAIT = 8.0
@@ -156,20 +157,20 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             "zarrs/rayon: the worker waits for rayon's global thread pool (zarrs decodes every multi-chunk read "
             "there). The parent created that pool before the fork (it opened or read an array with zarrs), and "
             "a forked child has the pool's bookkeeping but none of its threads, so the job never runs. "
-            f"Fix: {_hook_state('zarrs', watch)}, or safeloader.configure(zarrs_mode='serial')."
+            f"Fix: {_hook_state(ZARRS, watch)}, or safeloader.configure(zarrs_mode='serial')."
         )
     if any("libgomp" in lib for lib in libraries) or any(s.lower().startswith(("gomp_", "gomp")) for s in symbols):
         return (
             "GNU OpenMP (libgomp): the worker entered an OpenMP parallel region after the parent had run one; "
             "libgomp's thread pool does not survive fork and the region waits forever. "
-            f"Fix: {_hook_state('threadpools', watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
+            f"Fix: {_hook_state(THREADPOOLS, watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
             "threadpoolctl.threadpool_limits(1))."
         )
     if any("hdf5" in lib.lower() for lib in libraries) or any(f"{os.sep}h5py{os.sep}" in f for f in main_files):
         return (
             "HDF5: the worker waits in h5py/HDF5, most likely on HDF5's global lock, held by another parent "
             "thread at the moment of the fork, or on a file handle inherited from the parent. "
-            f"Fix: {_hook_state('h5py', watch)}; do not use h5py from other threads while workers start."
+            f"Fix: {_hook_state(H5PY, watch)}; do not use h5py from other threads while workers start."
         )
     main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
     pool = native_pool_cause(main_native, watch)

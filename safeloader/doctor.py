@@ -24,27 +24,19 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, _stacks, forkstate, native
+from . import _registry, _stacks, backends, forkstate, native
 from ._options import get_options
+from .hook_names import FILES, H5PY, THREADPOOLS, TORCH, ZARRS
 
 __all__ = ["collect", "doctor", "format_report"]
 
 DISTRIBUTIONS = ("torch-safeloader", "torch", "numpy", "zarr", "zarrs", "h5py", "threadpoolctl")
-# What each built-in hook does, for the hook table and the hazards.
-HOOK_ACTIONS = {
-    "zarrs": "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)",
-    "polars": "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)",
-    "files": "each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset",
-    "h5py": "HDF5 files the parent holds writable are made read-only in workers, with a warning",
-    "sockets": "each worker's inherited connected TCP/TLS sockets look closed by the server: clients reconnect",
-    "lmdb": "each worker opens its own copy of the LMDB environments the Dataset holds; writable ones refused",
-    "fsspec": "async filesystems from the parent are rebuilt in each worker on first use (own loop and session)",
-    "threadpools": "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe",
-    "torch": "a worker that touches CUDA/XPU initialised in the parent gets a clear error",
-    "gc": "the parent's objects are frozen around forks (no copy-on-write by worker GCs)",
-    "forkstate": "records the parent's threads and pools at each fork, for diagnostics",
-    "watchdog": "names a worker that makes no progress for stall_timeout seconds, then stops the workers",
-}
+
+
+def _does(name: str) -> str:
+    """What the hook ``name`` does, in a line ('' when it is not registered)."""
+    hook = _registry.get_hook(name)
+    return hook.description if hook is not None else ""
 
 
 # -- facts ---------------------------------------------------------------------------
@@ -97,6 +89,9 @@ def _hooks() -> list[dict[str, Any]]:
             state = f"idle: runs once {', '.join(missing)} is imported"
         else:
             state = "active"
+        said = backends.status(hook.name)  # a backend's own word, e.g. threadpoolctl missing
+        if said and not said.startswith("active"):
+            state += f"; {said}"
         rows.append(
             {
                 "name": hook.name,
@@ -105,7 +100,7 @@ def _hooks() -> list[dict[str, Any]]:
                 "phases": phases,
                 "requires": list(hook.requires),
                 "priority": hook.priority,
-                "does": HOOK_ACTIONS.get(hook.name, "user hook"),
+                "does": hook.description or "user hook",
             }
         )
     return rows
@@ -210,32 +205,32 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 "pool",
                 f"zarrs' rayon pool is live: {what}. A forked worker inherits it without its threads: "
                 "multi-chunk reads hang",
-                _plan("zarrs", HOOK_ACTIONS["zarrs"] + f" ({options.zarrs_mode!r})"),
-                _hook_runs("zarrs"),
+                _plan(ZARRS, _does(ZARRS) + f" ({options.zarrs_mode!r})"),
+                _hook_runs(ZARRS),
             )
         elif owner.startswith("GNU OpenMP"):
             add(
                 "pool",
                 f"GNU OpenMP pool is live: {what}. A forked worker running a parallel region with >1 thread hangs",
-                _plan("threadpools", "each worker runs GNU OpenMP with 1 thread (other pools: the thread budget)"),
-                _hook_runs("threadpools"),
+                _plan(THREADPOOLS, "each worker runs GNU OpenMP with 1 thread (other pools: the thread budget)"),
+                _hook_runs(THREADPOOLS),
             )
         elif owner == "OpenBLAS":
             add(
                 "pool",
                 f"OpenBLAS pool is live: {what}. Fork-safe, but every worker would use all cores",
-                _plan("threadpools", HOOK_ACTIONS["threadpools"]),
-                _hook_runs("threadpools"),
+                _plan(THREADPOOLS, _does(THREADPOOLS)),
+                _hook_runs(THREADPOOLS),
             )
         elif owner.endswith(("rayon pool", "tokio runtime")):
             library = owner.split("'", 1)[0]
-            handled = _hook_runs(library) if any(h.name == library for h in _registry.hooks()) else False
+            handled = _hook_runs(library)
             names = sorted({t.name for t in state.native_threads if t.tid in tids})
             add(
                 "pool",
                 f"{owner} is live: {what}, named {', '.join(names[:8])}. A forked worker inherits it without "
                 "its threads: its first parallel call hangs",
-                HOOK_ACTIONS.get(library, "")
+                _does(library)
                 if handled
                 else "nothing resets it; the stall watchdog names a worker that hangs on it. Start workers safely "
                 "with on_unsafe_fork='forkserver' (per loader or safeloader.configure)",
@@ -254,24 +249,24 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
         add(
             "open file",
             f"open h5py file {entry['path']} (mode {entry['mode']!r}): workers would share the parent's HDF5 handle",
-            _plan("h5py", HOOK_ACTIONS["h5py"])
+            _plan(H5PY, _does(H5PY))
             if writable
-            else _plan("files", "each worker gets its own file offset for it (the 'files' hook)"),
-            _hook_runs("h5py") if writable else _hook_runs("files"),
+            else _plan(FILES, "each worker gets its own file offset for it (the 'files' hook)"),
+            _hook_runs(H5PY) if writable else _hook_runs(FILES),
         )
     for path in _open_npz_archives():
         add(
             "open file",
             f"open npz archive {path}: workers would share one file offset (BadZipFile, wrong data)",
-            _plan("files", "each worker gets its own file offset for the archive (the 'files' hook)"),
-            _hook_runs("files"),
+            _plan(FILES, "each worker gets its own file offset for the archive (the 'files' hook)"),
+            _hook_runs(FILES),
         )
     for name in state.accelerators:
         add(
             "accelerator",
             f"torch.{name} is initialised: a forked worker cannot use it",
-            _plan("torch", f"a worker that touches {name} raises a clear error (the parent may keep using it)"),
-            _hook_runs("torch"),
+            _plan(TORCH, f"a worker that touches {name} raises a clear error (the parent may keep using it)"),
+            _hook_runs(TORCH),
         )
     me = threading.current_thread()
     others = [t.name for t in threading.enumerate() if t is not me and t.is_alive()]

@@ -335,5 +335,11 @@ def parent_state() -> ForkState | None:
 def register() -> None:
     """Register the "forkstate" hook, which records ``parent_state()`` for each worker."""
     from ._registry import register_at_fork
+    from .hook_names import FORKSTATE
 
-    register_at_fork(before=record, name="forkstate", replace=True)
+    register_at_fork(
+        before=record,
+        name=FORKSTATE,
+        description="records the parent's threads and pools at each fork, for diagnostics",
+        replace=True,
+    )

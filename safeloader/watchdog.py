@@ -29,13 +29,12 @@ import threading
 import time
 from typing import Any
 
-from . import _registry, native
+from . import _registry, hook_names, native
 from ._options import Options
 from ._stacks import NATIVE_STACK_SIGNAL, PYTHON_STACK_SIGNAL
 
 __all__ = ["FIRST_ITEM_FACTOR", "PYTHON_STACK_SIGNAL", "NATIVE_STACK_SIGNAL", "Watch", "WorkerStallError"]
 
-HOOK_NAME = "watchdog"
 FIRST_ITEM_FACTOR = 2.0
 """The worker's start and first item may take this many times ``stall_timeout``."""
 SLOW_START_ALLOWANCE = 60.0
@@ -398,7 +397,11 @@ def register() -> None:
     # a later hook or in worker_init_fn is diagnosed with stacks too.
     # Spawn/forkserver workers start their watch in safeloader's worker_init_fn instead.
     _registry.register_at_fork(
-        before=_start_clock_at_fork, after_in_child=_enter_worker_at_fork, name=HOOK_NAME, priority=1_000_000
+        before=_start_clock_at_fork,
+        after_in_child=_enter_worker_at_fork,
+        name=hook_names.WATCHDOG,
+        priority=1_000_000,
+        description="names a worker that makes no progress for stall_timeout seconds, then stops the workers",
     )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from torch.utils.data import Dataset
 
-from safeloader import DataLoader
+from safeloader import DataLoader, get_options
 from safeloader.backends import h5py as h5py_backend
 
 from .subproc import check_python
@@ -176,7 +176,7 @@ def test_writable_file_and_spawn_pickling_errors_say_what_to_do(tmp_path):
 def test_h5py_objects_pickle_as_before_outside_a_safeloader_start(tmp_path):
     path = tmp_path / "data.h5"
     write_h5(path)
-    h5py_backend.prepare_start(None, "spawn")
+    h5py_backend.prepare_start(None, get_options(), "spawn")
     from multiprocessing.reduction import ForkingPickler
 
     with h5py.File(path, "r") as f, pytest.raises(TypeError, match="h5py objects cannot be pickled"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from safeloader import DataLoader
+from safeloader import DataLoader, get_options
 from safeloader.backends.lmdb import LmdbWritableError
 
 from .subproc import run_python
@@ -112,6 +112,6 @@ def test_environment_is_reopened_in_spawn_workers_and_writable_ones_are_refused(
     with pytest.raises(TypeError, match="writable LMDB environment"):
         from safeloader.backends import lmdb as lmdb_backend
 
-        lmdb_backend.prepare_start(None, "spawn")
+        lmdb_backend.prepare_start(None, get_options(), "spawn")
         lmdb_backend.reduce_environment(writable.env)
     writable.env.close()

@@ -64,9 +64,10 @@ class Pinnable:
 def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
     import torch.utils.data._utils.pin_memory as pin_module
 
+    import safeloader
     from safeloader.backends import pin_memory as gate
 
-    gate.prepare_start(None, "fork")  # what an armed loader's start does
+    gate.prepare_start(None, safeloader.get_options(), "fork")  # what an armed loader's start does
     assert gate.gated()
 
     # Two threads each run the hook's `before` (the fork is under way), then its
@@ -109,9 +110,10 @@ def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
 def test_after_in_parent_without_a_close_leaves_other_threads_closure_alone():
     import torch.utils.data._utils.pin_memory as pin_module
 
+    import safeloader
     from safeloader.backends import pin_memory as gate
 
-    gate.prepare_start(None, "fork")
+    gate.prepare_start(None, safeloader.get_options(), "fork")
     closed = threading.Event()
     release = threading.Event()
 

@@ -237,16 +237,16 @@ def test_worker_sees_the_parent_state_recorded_at_its_fork():
 
 
 def test_without_threadpoolctl_the_backend_is_listed_inactive(monkeypatch):
-    monkeypatch.setattr(threadpools, "_installed", lambda: False)
+    monkeypatch.setattr(threadpools, "_threadpoolctl_installed", lambda: False)
     monkeypatch.delitem(__import__("sys").modules, "threadpoolctl", raising=False)
     try:
-        threadpools.register()
+        threadpools.BACKEND.register()
         hook = next(h for h in safeloader.hooks() if h.name == "threadpools")
         assert not hook.active
         assert threadpools.status().startswith("inactive: threadpoolctl is not installed")
     finally:
         monkeypatch.undo()
-        threadpools.register()
+        threadpools.BACKEND.register()
     assert next(h for h in safeloader.hooks() if h.name == "threadpools").active
 
 

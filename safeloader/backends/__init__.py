@@ -1,20 +1,18 @@
-"""Built-in backends: one module per native library, each registering its fork hooks.
+"""Built-in backends: one module per native library, each declaring one ``Backend`` (``_backend``).
 
-A backend module imports nothing of its library at import time: its hooks
-declare ``requires=(...)`` and run only when the program imported the library.
-
-Each module defines ``register()``, which registers its fork hooks, and may
-define ``prepare_start(loader, start_method)``, called in the parent before a
-safeloader-armed loader starts its workers, whatever the start method ("fork",
-"spawn" or "forkserver"): the place for checks that must fail before any
-worker exists, and for pickling support that spawn/forkserver need.
+A backend module imports nothing of its library at import time: its hook
+declares ``requires=(...)`` and runs only when the program imported the
+library. Adding a backend is adding its module to ``BUILTIN``.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
+
+from .. import forkstate
+from .._options import Options
+from ._backend import Backend
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
 BUILTIN: tuple[str, ...] = (
@@ -22,19 +20,24 @@ BUILTIN: tuple[str, ...] = (
     "threadpools", "torch_state", "gc_freeze", "pin_memory",
 )
 
-_modules: list[ModuleType] = []
+_backends: list[type[Backend]] = []
 
 
 def register_builtin() -> None:
+    """Register every built-in backend's fork hook, and the parent-state record they share."""
+    forkstate.register()
     for name in BUILTIN:
-        module = importlib.import_module(f"{__name__}.{name}")
-        module.register()
-        _modules.append(module)
+        backend = importlib.import_module(f"{__name__}.{name}").BACKEND
+        backend.register()
+        _backends.append(backend)
 
 
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     """Let each built-in backend act before ``loader`` starts workers with ``start_method``."""
-    for module in _modules:
-        prepare = getattr(module, "prepare_start", None)
-        if prepare is not None:
-            prepare(loader, start_method)
+    for backend in _backends:
+        backend.prepare_start(loader, options, start_method)
+
+
+def status(name: str) -> str:
+    """The built-in backend ``name``'s own word on how it stands ('' if none, or no such backend)."""
+    return next((backend.status() for backend in _backends if backend.name == name), "")

@@ -35,22 +35,15 @@ import io
 import os
 from typing import Any
 
-from .._registry import fork_context, register_at_fork
+from .. import hook_names
+from .._options import Options
+from .._registry import fork_context
 from . import _reopen
+from ._backend import Backend
 
-HOOK_NAME = "files"
+NAME = hook_names.FILES
 SharedFileWarning = _reopen.SharedFileWarning
 
-
-def register() -> None:
-    # Before other backends' child hooks (priority 0), which may read files.
-    register_at_fork(
-        before=_reopen.record_offsets,
-        after_in_parent=_reopen.forget_offsets,
-        after_in_child=privatize_inherited_files,
-        name=HOOK_NAME,
-        priority=50,
-    )
 
 
 def privatize_inherited_files() -> None:
@@ -71,7 +64,7 @@ def privatize_inherited_files() -> None:
         _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
 
 
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     if start_method != "fork":
         _reopen.register_reducer(io.FileIO, reduce_file)
         _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -113,3 +106,15 @@ def reopen_file(path: str, buffered: bool, position: int, identity: _reopen.File
         return f
 
     return _reopen.reopen_or_unavailable("file", path, opener)
+
+
+class FilesBackend(Backend):
+    name = hook_names.FILES
+    description = 'each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset'
+    priority = 50  # before other backends' child hooks (priority 0), which may read files
+    before = _reopen.record_offsets
+    after_in_parent = _reopen.forget_offsets
+    after_in_child = privatize_inherited_files
+    prepare_start = prepare_start
+
+BACKEND = FilesBackend

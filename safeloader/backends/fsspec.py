@@ -34,18 +34,15 @@ import os
 import sys
 from typing import Any
 
-from .._registry import register_at_fork
+from .. import hook_names
+from ._backend import Backend
 
-HOOK_NAME = "fsspec"
+NAME = hook_names.FSSPEC
 
 # The parent's fsspec event loop, noted before each worker fork (fsspec's own
 # at-fork handler forgets it in the child, possibly before our hook runs).
 _parent_loop: Any = None
 
-
-def register() -> None:
-    register_at_fork(before=note_parent_loop, after_in_child=adopt_parent_filesystems, name=HOOK_NAME,
-                     requires=("fsspec.asyn",))
 
 
 def note_parent_loop() -> None:
@@ -112,3 +109,13 @@ def _rebind_to_worker_loop(owner: Any, func: Any) -> Any:
 def sync_on(loop: Any, func: Any) -> Any:
     original = sys.modules["fsspec.asyn"].sync
     return getattr(original, "__wrapped__", original)(loop, func)
+
+
+class FsspecBackend(Backend):
+    name = hook_names.FSSPEC
+    description = 'async filesystems from the parent are rebuilt in each worker on first use (own loop and session)'
+    requires = ("fsspec.asyn",)
+    before = note_parent_loop
+    after_in_child = adopt_parent_filesystems
+
+BACKEND = FsspecBackend

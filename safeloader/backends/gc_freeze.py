@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import gc
 
-from .._registry import fork_context, register_at_fork
+from .. import hook_names
+from .._registry import fork_context
+from ._backend import Backend
 
-NAME = "gc"
+NAME = hook_names.GC
 
-__all__ = ["NAME", "register"]
+__all__ = ["BACKEND", "NAME"]
 
 _frozen_here = False
 
@@ -54,7 +56,11 @@ def _after_in_child() -> None:
     _frozen_here = False  # the worker keeps them frozen; a fork from it must not unfreeze
 
 
-def register() -> None:
-    register_at_fork(
-        name=NAME, before=_before, after_in_parent=_after_in_parent, after_in_child=_after_in_child, replace=True
-    )
+class GcBackend(Backend):
+    name = hook_names.GC
+    description = "the parent's objects are frozen around forks (no copy-on-write by worker GCs)"
+    before = _before
+    after_in_parent = _after_in_parent
+    after_in_child = _after_in_child
+
+BACKEND = GcBackend

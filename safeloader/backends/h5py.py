@@ -40,18 +40,18 @@ import sys
 import warnings
 from typing import Any
 
-from .._registry import fork_context, hooks, register_at_fork
+from .. import _registry, hook_names
+from .._options import Options
+from .._registry import fork_context
 from . import _reopen
+from ._backend import Backend
 
-HOOK_NAME = "h5py"
+NAME = "h5py"
 
 
 class WritableFileWarning(UserWarning):
     """An HDF5 file open for writing in the parent while DataLoader workers fork."""
 
-
-def register() -> None:
-    register_at_fork(after_in_child=protect_writable_files, name=HOOK_NAME, priority=60, requires=("h5py",))
 
 
 # (st_dev, st_ino) of files the parent holds writable, for the next workers.
@@ -70,21 +70,14 @@ def protect_writable_files() -> None:
             _reopen.privatize(entry, worker, read_only=True)
 
 
-def _hook_runs_for(loader: Any) -> bool:
-    from .._loader import resolve_options
-
-    hook = next((h for h in hooks() if h.name == HOOK_NAME), None)
-    return hook is not None and hook.enabled and HOOK_NAME not in resolve_options(loader).disable_hooks
-
-
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     if "h5py" not in sys.modules:
         return
     import h5py
 
     if start_method == "fork":
         global _writable
-        _writable = frozenset(_writable_files(warn=_hook_runs_for(loader)))
+        _writable = frozenset(_writable_files(warn=_registry.hook_runs(NAME, options)))
     else:
         for cls in (h5py.File, h5py.Group, h5py.Dataset, h5py.Datatype):
             _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
@@ -236,3 +229,14 @@ def reopen_object(file: Any, name: str) -> Any:
     if isinstance(file, _reopen.Unavailable):
         return file
     return file[name]
+
+
+class H5pyBackend(Backend):
+    name = hook_names.H5PY
+    description = 'HDF5 files the parent holds writable are made read-only in workers, with a warning'
+    priority = 60
+    requires = ("h5py",)
+    after_in_child = protect_writable_files
+    prepare_start = prepare_start
+
+BACKEND = H5pyBackend

@@ -33,10 +33,13 @@ import weakref
 from types import FunctionType, ModuleType
 from typing import Any
 
-from .._registry import fork_context, hooks, register_at_fork
+from .. import _registry, hook_names
+from .._options import Options
+from .._registry import fork_context
 from . import _reopen
+from ._backend import Backend
 
-HOOK_NAME = "lmdb"
+NAME = hook_names.LMDB
 _MAX_CONTAINER = 10_000  # longer lists/dicts (file lists, index tables) are not searched
 _MAX_NODES = 100_000
 _MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
@@ -51,18 +54,8 @@ class LmdbWritableError(RuntimeError):
 _plans: weakref.WeakKeyDictionary[Any, list[tuple[Any, Any, Any, str, dict[str, Any]]]] = weakref.WeakKeyDictionary()
 
 
-def register() -> None:
-    register_at_fork(after_in_child=reopen_environments, name=HOOK_NAME, priority=40, requires=("lmdb",))
 
-
-def _hook_runs_for(loader: Any) -> bool:
-    from .._loader import resolve_options
-
-    hook = next((h for h in hooks() if h.name == HOOK_NAME), None)
-    return hook is not None and hook.enabled and HOOK_NAME not in resolve_options(loader).disable_hooks
-
-
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     if "lmdb" not in sys.modules or loader is None:
         return
     if start_method != "fork":
@@ -70,7 +63,7 @@ def prepare_start(loader: Any, start_method: str) -> None:
 
         _reopen.register_reducer(lmdb.Environment, reduce_environment)
         return
-    if not _hook_runs_for(loader):
+    if not _registry.hook_runs(NAME, options):
         _plans.pop(loader, None)
         return
     import lmdb
@@ -172,3 +165,14 @@ def reopen_environments() -> None:
             holder[key] = fresh[id(env)]
         else:
             holder.__dict__[key] = fresh[id(env)]
+
+
+class LmdbBackend(Backend):
+    name = hook_names.LMDB
+    description = 'each worker opens its own copy of the LMDB environments the Dataset holds; writable ones refused'
+    priority = 40
+    requires = ("lmdb",)
+    after_in_child = reopen_environments
+    prepare_start = prepare_start
+
+BACKEND = LmdbBackend

@@ -20,14 +20,12 @@ import os
 import sys
 from typing import Any
 
+from .._options import Options
 from . import _reopen
+from ._backend import Backend
 
 
-def register() -> None:
-    """No fork hook: the "files" hook privatizes the archive's descriptor."""
-
-
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     if start_method != "fork" and "numpy" in sys.modules:
         from numpy.lib.npyio import NpzFile
 
@@ -67,3 +65,15 @@ def reopen_npz(source: Any, identity: _reopen.FileIdentity | None, settings: dic
             raise
 
     return _reopen.reopen_or_unavailable("npz archive", source, opener)
+
+
+class NpzBackend(Backend):
+    """No fork hook of its own (the "files" hook privatizes the archive's descriptor):
+    only pickling support for spawn/forkserver workers."""
+
+    name = "npz"
+    description = "npz archives opened in the parent are reopened in spawn/forkserver workers"
+    prepare_start = prepare_start
+
+
+BACKEND = NpzBackend

@@ -44,13 +44,15 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._registry import register_at_fork
+from .. import hook_names
+from .._options import Options
+from ._backend import Backend
 
-NAME = "pin_memory"
+NAME = hook_names.PIN_MEMORY
 WAIT_SECONDS = 30.0
 """How long a fork waits for pin-memory calls in progress; then it forks anyway, with a warning."""
 
-__all__ = ["NAME", "WAIT_SECONDS", "gated", "register", "remove_gate", "status"]
+__all__ = ["BACKEND", "NAME", "WAIT_SECONDS", "gated", "remove_gate", "status"]
 
 
 class _Gate:
@@ -153,7 +155,7 @@ def remove_gate() -> None:
         module.pin_memory = _original
 
 
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     """Install the gate before the first armed loader starts its workers (and its pin thread)."""
     if start_method == "fork" and not gated():
         _install_gate()
@@ -192,15 +194,17 @@ def status() -> str:
     return "inactive until the first safeloader-armed loader starts forked workers"
 
 
-def register() -> None:
+class PinMemoryBackend(Backend):
+    name = hook_names.PIN_MEMORY
+    description = 'worker forks wait for pin-memory threads to leave pin_memory() (no lock inherited held)'
     # Highest priority: its `before` runs last, right before the fork, and its
     # `after_in_parent` first, so pin threads wait as briefly as possible.
-    register_at_fork(
-        name=NAME,
-        before=_before,
-        after_in_parent=_after_in_parent,
-        after_in_child=_after_in_child,
-        priority=1000,
-        requires=("torch",),
-        replace=True,
-    )
+    priority = 1000
+    requires = ("torch",)
+    before = _before
+    after_in_parent = _after_in_parent
+    after_in_child = _after_in_child
+    prepare_start = prepare_start
+    status = status
+
+BACKEND = PinMemoryBackend

@@ -30,12 +30,14 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 
+from .. import hook_names
 from .._options import default_thread_budget
-from .._registry import fork_context, register_at_fork
+from .._registry import fork_context
 from . import _extension_copy, polars_objects
+from ._backend import Backend
 from .polars_objects import PolarsInheritedObjectError
 
-NAME = "polars"
+NAME = hook_names.POLARS
 PACKAGES = ("polars", "_polars_runtime_32", "_polars_runtime_64", "_polars_runtime_compat")
 SUPPORTED = ((2, 0), (3, 0))
 # Threads polars' runtime starts: its rayon pool ("polars-0"...), tokio ("tokio-rt-worker"),
@@ -43,7 +45,7 @@ SUPPORTED = ((2, 0), (3, 0))
 # out-of-core cleaner, "polars-ooc-clea", and jemalloc's threads: the pools start on first use.)
 RUNTIME_THREAD = re.compile(r"^(polars-\d+$|tokio-|async-executor)")
 
-__all__ = ["NAME", "PolarsForkError", "PolarsInheritedObjectError", "register", "worker_runtime"]
+__all__ = ["BACKEND", "NAME", "PolarsForkError", "PolarsInheritedObjectError", "worker_runtime"]
 
 
 class PolarsForkError(RuntimeError):
@@ -77,15 +79,6 @@ def _new_lock_in_child() -> None:
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
-
-def register() -> None:
-    register_at_fork(
-        before=_before,
-        after_in_parent=_after_in_parent,
-        after_in_child=_after_in_child,
-        name=NAME,
-        requires=("polars",),
-    )
 
 
 def worker_runtime() -> str | None:
@@ -248,3 +241,14 @@ class _Refusing(ModuleType):
 
     def __getattr__(self, attribute: str) -> object:
         raise PolarsForkError(self._message)
+
+
+class PolarsBackend(Backend):
+    name = hook_names.POLARS
+    description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
+    requires = ("polars",)
+    before = _before
+    after_in_parent = _after_in_parent
+    after_in_child = _after_in_child
+
+BACKEND = PolarsBackend

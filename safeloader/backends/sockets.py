@@ -43,9 +43,10 @@ import stat
 import sys
 from typing import Any
 
-from .._registry import register_at_fork
+from .. import hook_names
+from ._backend import Backend
 
-HOOK_NAME = "sockets"
+NAME = hook_names.SOCKETS
 
 _PROC_FD = "/proc/self/fd"
 # Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
@@ -60,12 +61,6 @@ _pid = -1
 _stand_ins: dict[int, socket.socket] = {}
 _severed_inodes: set[int] = set()
 
-
-def register() -> None:
-    # First among the data backends: any later hook (or library at-fork
-    # handler) that closes a TLS connection must write its close_notify into
-    # the stand-in, not into the parent's stream.
-    register_at_fork(after_in_child=sever_inherited_connections, name=HOOK_NAME, priority=80)
 
 
 def sever_inherited_connections() -> None:
@@ -162,3 +157,15 @@ def _reconnect_http_client_connections() -> None:
     putrequest._safeloader_wrapped = True  # type: ignore[attr-defined]
     putrequest.__wrapped__ = original  # type: ignore[attr-defined]
     http.client.HTTPConnection.putrequest = putrequest  # type: ignore[method-assign]
+
+
+class SocketsBackend(Backend):
+    name = hook_names.SOCKETS
+    description = "each worker's inherited connected TCP/TLS sockets look closed by the server: clients reconnect"
+    # First among the data backends: any later hook (or library at-fork
+    # handler) that closes a TLS connection must write its close_notify into
+    # the stand-in, not into the parent's stream.
+    priority = 80
+    after_in_child = sever_inherited_connections
+
+BACKEND = SocketsBackend

@@ -29,23 +29,24 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .. import forkstate
-from .._options import default_thread_budget
-from .._registry import fork_context, register_at_fork
+from .. import forkstate, hook_names
+from .._options import Options, default_thread_budget
+from .._registry import fork_context
+from ._backend import Backend
 
-NAME = "threadpools"
+NAME = hook_names.THREADPOOLS
 
-__all__ = ["NAME", "register", "status"]
+__all__ = ["BACKEND", "NAME", "status"]
 
 
 @functools.cache
-def _installed() -> bool:
+def _threadpoolctl_installed() -> bool:
     return importlib.util.find_spec("threadpoolctl") is not None
 
 
 def status() -> str:
     """Whether the backend can act in this environment, in words."""
-    if not _installed():
+    if not _threadpoolctl_installed():
         return (
             "inactive: threadpoolctl is not installed, so BLAS/OpenMP pools in workers are not limited "
             "(pip install torch-safeloader[threadpoolctl])"
@@ -210,14 +211,11 @@ def _guard_torch_threads(budget: int, pinned: bool) -> None:
 _warned_inactive = False
 
 
-def prepare_start(loader: Any, start_method: str) -> None:
+def prepare_start(loader: Any, options: Options, start_method: str) -> None:
     """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
     global _warned_inactive
-    if _warned_inactive or _installed():
+    if _warned_inactive or _threadpoolctl_installed():
         return
-    from .._loader import resolve_options
-
-    options = resolve_options(loader)
     if options.thread_budget is not None and NAME not in options.disable_hooks:
         import warnings
 
@@ -225,16 +223,20 @@ def prepare_start(loader: Any, start_method: str) -> None:
         warnings.warn(f"safeloader: thread_budget={options.thread_budget} is ignored; {status()}", stacklevel=2)
 
 
-def register() -> None:
-    forkstate.register()  # the record this backend decides from; also for diagnostics
-    # Without threadpoolctl the hook stays listed but inactive (Hook.active is
-    # False) until threadpoolctl is imported, which means it got installed.
-    requires = () if _installed() else ("threadpoolctl",)
-    register_at_fork(
-        name=NAME,
-        before=_before,
-        after_in_parent=_after_in_parent,
-        after_in_child=_after_in_child,
-        requires=requires,
-        replace=True,
-    )
+class ThreadpoolsBackend(Backend):
+    name = hook_names.THREADPOOLS
+    description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
+    before = _before
+    after_in_parent = _after_in_parent
+    after_in_child = _after_in_child
+    prepare_start = prepare_start
+    status = status
+
+    @classmethod
+    def register(cls):  # type: ignore[no-untyped-def]
+        # Without threadpoolctl the hook stays listed but inactive (Hook.active is
+        # False) until threadpoolctl is imported, which means it got installed.
+        cls.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)
+        return super().register()
+
+BACKEND = ThreadpoolsBackend

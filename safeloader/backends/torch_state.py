@@ -29,12 +29,14 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from .._registry import fork_context, register_at_fork
+from .. import hook_names
+from .._registry import fork_context
+from ._backend import Backend
 
-NAME = "torch"
+NAME = hook_names.TORCH
 ACCELERATORS = ("cuda", "xpu")
 
-__all__ = ["ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators", "register"]
+__all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators"]
 
 
 class ForkedAcceleratorError(RuntimeError):
@@ -88,7 +90,11 @@ def _after_in_child() -> None:
             module._lazy_init = _RefuseLazyInit(accelerator)
 
 
-def register() -> None:
-    register_at_fork(
-        name=NAME, before=_before, after_in_child=_after_in_child, requires=("torch",), replace=True
-    )
+class TorchBackend(Backend):
+    name = hook_names.TORCH
+    description = 'a worker that touches CUDA/XPU initialised in the parent gets a clear error'
+    requires = ("torch",)
+    before = _before
+    after_in_child = _after_in_child
+
+BACKEND = TorchBackend

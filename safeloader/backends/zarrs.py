@@ -27,16 +27,18 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
+from .. import hook_names
 from .._options import ZARRS_MODES, default_thread_budget
-from .._registry import fork_context, register_at_fork
+from .._registry import fork_context
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
+from ._backend import Backend
 from .zarrs_layout import SUPPORTED_VERSIONS
 from .zarrs_pipelines import ZarrsStoreError, worker_mode
 
-NAME = "zarrs"
+NAME = hook_names.ZARRS
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 
-__all__ = ["NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "register", "worker_mode"]
+__all__ = ["BACKEND", "NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "worker_mode"]
 
 
 class ZarrsFallbackWarning(RuntimeWarning):
@@ -77,15 +79,6 @@ def _new_setup_lock_in_child() -> None:
 
 os.register_at_fork(after_in_child=_new_setup_lock_in_child)
 
-
-def register() -> None:
-    register_at_fork(
-        before=_before,
-        after_in_parent=_after_in_parent,
-        after_in_child=_after_in_child,
-        name=NAME,
-        requires=("zarrs",),
-    )
 
 
 def resolve_mode(requested: str) -> str:
@@ -261,3 +254,14 @@ def _configure_python() -> None:
     zarrs_pipeline = sys.modules["zarrs.pipeline"].ZarrsCodecPipeline
     if issubclass(get_pipeline_class(), zarrs_pipeline):  # arrays opened in the worker skip zarrs too
         config.set({"codec_pipeline.path": PYTHON_PIPELINE})
+
+
+class ZarrsBackend(Backend):
+    name = hook_names.ZARRS
+    description = 'each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)'
+    requires = ("zarrs",)
+    before = _before
+    after_in_parent = _after_in_parent
+    after_in_child = _after_in_child
+
+BACKEND = ZarrsBackend
