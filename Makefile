@@ -41,6 +41,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 test-latest: setup-latest

@@ -25,7 +25,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 from . import _torch_internals
 from ._options import Options, get_options
@@ -266,7 +267,7 @@ def fork_context() -> ForkContext | None:
     worker, its own, for its whole life. None elsewhere, and around forks that
     do not start a DataLoader worker (also inside a worker)."""
     pending = getattr(_local, "pending", _NO_FORK)
-    return _worker_context if pending is _NO_FORK else pending
+    return _worker_context if pending is _NO_FORK else cast("ForkContext | None", pending)
 
 
 def check_hook_names(names: Iterable[str]) -> None:
@@ -321,7 +322,7 @@ def _launching_worker() -> tuple[int, int] | None:
     levels up (here, _context_for_this_fork, _on_before, then os.fork's caller);
     the walk is bounded so an unrelated deep stack costs nothing.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(8):
         if frame is None:
             return None

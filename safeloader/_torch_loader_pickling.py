@@ -24,7 +24,7 @@ __all__ = ["TORCH_DATALOADER", "rebuild_torch_loader", "reduce_torch_loader"]
 
 def rebuild_torch_loader() -> Any:
     """A bare instance of torch's DataLoader class; pickle then restores its ``__dict__``."""
-    return TORCH_DATALOADER.__new__(TORCH_DATALOADER)
+    return object.__new__(TORCH_DATALOADER)
 
 
 def reduce_torch_loader(self: Any, protocol: int) -> Any:

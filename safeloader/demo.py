@@ -86,7 +86,7 @@ class ZarrDataset:
         return self.array.shape[0]
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return self.array[index : index + 1][0]
+        return np.asarray(self.array[index : index + 1])[0]
 
 
 class H5Dataset:
@@ -154,7 +154,7 @@ def run_one(fmt: str, loader_kind: str, path: str) -> dict[str, Any]:
             "seconds": time.perf_counter() - start,
         }
     seconds = time.perf_counter() - start
-    direct = dataset_type(path)  # a fresh open, read in this process: the reference
+    direct: Any = dataset_type(path)  # a fresh open, read in this process: the reference
     wrong = sum(not np.array_equal(item, direct[i]) for i, item in enumerate(items))
     wrong += abs(len(direct) - len(items))
     also_expected = all(np.array_equal(direct[i], expected_item(i)) for i in range(len(direct)))

@@ -33,6 +33,7 @@ import platform
 import sys
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import native
 
@@ -174,7 +175,7 @@ class _DynamicLinker:
     def loaded(self) -> tuple[str, ...]:
         names: list[str] = []
 
-        def visit(info, size, data):  # type: ignore[no-untyped-def]
+        def visit(info: Any, size: int, data: Any) -> int:
             name = info.contents.dlpi_name
             if name:
                 names.append(os.fsdecode(name))

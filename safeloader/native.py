@@ -6,23 +6,24 @@ force the fallback (the tests compare both).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
-if os.environ.get("SAFELOADER_DISABLE_NATIVE") == "1":
-    from . import _native_fallback as _impl
 
-    NATIVE = False
-else:
-    try:
-        from . import _native as _impl  # type: ignore[attr-defined, no-redef]
+def _load() -> tuple[Any, bool]:
+    """(the implementation, whether it is the C extension)."""
+    if os.environ.get("SAFELOADER_DISABLE_NATIVE") != "1":
+        try:
+            return importlib.import_module("safeloader._native"), True
+        except ImportError:
+            pass
+    return importlib.import_module("safeloader._native_fallback"), False
 
-        NATIVE = True
-    except ImportError:
-        from . import _native_fallback as _impl  # type: ignore[no-redef]
 
-        NATIVE = False
+_impl, NATIVE = _load()
 
 __all__ = [
     "NATIVE",

@@ -289,7 +289,7 @@ class _CountingMapDataset:
         getitems = getattr(dataset, "__getitems__", None)
         # torch's fetcher uses __getitems__ when it is truthy; keep that choice.
         self.__getitems__ = self._getitems if getitems else None
-        self._original_getitems = getitems
+        self._original_getitems: Any = getitems
 
     def __getitem__(self, index: Any) -> Any:
         item = self._dataset[index]
@@ -359,7 +359,7 @@ def _instrument_fetchers() -> None:
     """
     from torch.utils.data import dataloader
 
-    kind = getattr(dataloader, "_DatasetKind", None)
+    kind: Any = getattr(dataloader, "_DatasetKind", None)
     original = getattr(kind, "create_fetcher", None) if kind is not None else None
     if original is None or getattr(original, "_safeloader_watched", False):
         return

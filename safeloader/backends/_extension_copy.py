@@ -138,7 +138,7 @@ def find_references(module: ModuleType, packages: Iterable[str]) -> tuple[Refere
     return tuple(found)
 
 
-class _ClassNamespace(dict):  # type: ignore[type-arg]
+class _ClassNamespace(dict[str, Any]):
     """A class's namespace as a writable mapping (a class ``__dict__`` is a read-only proxy)."""
 
     def __init__(self, cls: type) -> None:

@@ -115,6 +115,6 @@ class FilesBackend(Backend):
     before = _reopen.record_offsets
     after_in_parent = _reopen.forget_offsets
     after_in_child = privatize_inherited_files
-    prepare_start = prepare_start
+    prepare_start = staticmethod(prepare_start)
 
 BACKEND = FilesBackend

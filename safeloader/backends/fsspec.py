@@ -52,7 +52,7 @@ def note_parent_loop() -> None:
 
 def adopt_parent_filesystems() -> None:
     """In a worker: make filesystems and files from the parent rebuild themselves on first use."""
-    asyn = sys.modules["fsspec.asyn"]
+    asyn: Any = sys.modules["fsspec.asyn"]
     cls = asyn.AsyncFileSystem
     original_loop = cls.__dict__["loop"]
     if not getattr(original_loop.fget, "_safeloader", False):

@@ -237,6 +237,6 @@ class H5pyBackend(Backend):
     priority = 60
     requires = ("h5py",)
     after_in_child = protect_writable_files
-    prepare_start = prepare_start
+    prepare_start = staticmethod(prepare_start)
 
 BACKEND = H5pyBackend

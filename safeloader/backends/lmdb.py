@@ -173,6 +173,6 @@ class LmdbBackend(Backend):
     priority = 40
     requires = ("lmdb",)
     after_in_child = reopen_environments
-    prepare_start = prepare_start
+    prepare_start = staticmethod(prepare_start)
 
 BACKEND = LmdbBackend

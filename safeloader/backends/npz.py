@@ -73,7 +73,7 @@ class NpzBackend(Backend):
 
     name = "npz"
     description = "npz archives opened in the parent are reopened in spawn/forkserver workers"
-    prepare_start = prepare_start
+    prepare_start = staticmethod(prepare_start)
 
 
 BACKEND = NpzBackend

@@ -150,7 +150,7 @@ def remove_gate() -> None:
     something else has wrapped the gate since, it is left in place (removing
     it would drop that wrapper too), and goes on gating.
     """
-    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    module: Any = sys.modules.get("torch.utils.data._utils.pin_memory")
     if module is not None and _original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
         module.pin_memory = _original
 
@@ -204,7 +204,7 @@ class PinMemoryBackend(Backend):
     before = _before
     after_in_parent = _after_in_parent
     after_in_child = _after_in_child
-    prepare_start = prepare_start
-    status = status
+    prepare_start = staticmethod(prepare_start)
+    status = staticmethod(status)
 
 BACKEND = PinMemoryBackend

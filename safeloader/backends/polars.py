@@ -121,7 +121,10 @@ def _ensure_copy() -> str | None:
     if _copy_fd is None and _copy_problem is None:
         _copy_problem = _version_problem()
         if _copy_problem is None:
-            source = runtime_module().__file__  # type: ignore[union-attr]
+            source = getattr(runtime_module(), "__file__", None)
+            if source is None:
+                _copy_problem = "polars' runtime extension has no file to copy"
+                return _copy_problem
             try:
                 _copy_fd = _extension_copy.make_copy(source, "polars")
             except OSError as exc:

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .. import forkstate, hook_names
+from .. import _registry, forkstate, hook_names
 from .._options import Options, default_thread_budget
 from .._registry import fork_context
 from ._backend import Backend
@@ -200,7 +200,7 @@ class _TorchSetNumThreads:
 
 
 def _guard_torch_threads(budget: int, pinned: bool) -> None:
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         return
     original = torch.set_num_threads
@@ -229,11 +229,11 @@ class ThreadpoolsBackend(Backend):
     before = _before
     after_in_parent = _after_in_parent
     after_in_child = _after_in_child
-    prepare_start = prepare_start
-    status = status
+    prepare_start = staticmethod(prepare_start)
+    status = staticmethod(status)
 
     @classmethod
-    def register(cls):  # type: ignore[no-untyped-def]
+    def register(cls) -> _registry.Hook | None:
         # Without threadpoolctl the hook stays listed but inactive (Hook.active is
         # False) until threadpoolctl is imported, which means it got installed.
         cls.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)

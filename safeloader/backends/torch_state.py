@@ -27,7 +27,7 @@ Other torch states checked for torch 2.13:
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import hook_names
 from .._registry import fork_context
@@ -85,7 +85,7 @@ class _RefuseLazyInit:
 
 def _after_in_child() -> None:
     for accelerator in _in_parent:
-        module = sys.modules.get(f"torch.{accelerator}")
+        module: Any = sys.modules.get(f"torch.{accelerator}")
         if module is not None:
             module._lazy_init = _RefuseLazyInit(accelerator)
 

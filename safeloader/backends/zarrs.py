@@ -137,6 +137,8 @@ def _ensure_copy() -> str | None:
         return None
     if _source is None:
         _source = sys.modules[zarrs_native.INTERNAL].__file__
+    if _source is None:
+        return f"{zarrs_native.INTERNAL} has no file to copy"
     try:
         _copy_fd = zarrs_native.make_copy(_source)
     except OSError as exc:
