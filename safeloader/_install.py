@@ -8,7 +8,7 @@ from typing import Any
 import torch.utils.data
 import torch.utils.data.dataloader
 
-from . import _registry
+from . import _registry, _torch_internals
 from ._loader import SafeDataLoader, start_armed
 from ._torch_loader_pickling import reduce_torch_loader
 from .backends.pin_memory import remove_gate as remove_pin_memory_gate
@@ -18,7 +18,7 @@ _saved: dict[str, Any] = {}
 
 
 def _armed_get_iterator(self: Any) -> Any:
-    return start_armed(self, lambda: _saved["_get_iterator"](self))
+    return start_armed(self, lambda: _saved["get_iterator"](self))
 
 
 class Installation:
@@ -48,8 +48,8 @@ def install() -> Installation:
     """
     if _registry.installed():
         return Installation(owner=False)
-    _saved["_get_iterator"] = _TorchDataLoader.__dict__["_get_iterator"]
-    _TorchDataLoader._get_iterator = _armed_get_iterator  # type: ignore[method-assign]
+    _saved["get_iterator"] = _torch_internals.get_iterator_of(_TorchDataLoader)
+    _torch_internals.set_get_iterator(_TorchDataLoader, _armed_get_iterator)
     # pickle can no longer find torch's class by its name: reduce its instances another way.
     _saved["__reduce_ex__"] = _TorchDataLoader.__dict__.get("__reduce_ex__")
     _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
@@ -63,7 +63,7 @@ def uninstall() -> None:
     """Undo ``install()``; harmless when not installed."""
     if not _registry.installed():
         return
-    _TorchDataLoader._get_iterator = _saved.pop("_get_iterator")  # type: ignore[method-assign]
+    _torch_internals.set_get_iterator(_TorchDataLoader, _saved.pop("get_iterator"))
     reduce_ex = _saved.pop("__reduce_ex__")
     if reduce_ex is None:
         del _TorchDataLoader.__reduce_ex__

@@ -53,7 +53,7 @@ class WorkerInit:
         if self.watch is not None:
             self.watch.enter_worker(worker_id)  # already done at fork; spawn/forkserver workers start here
             # torch's worker loop calls us with its result queue in scope.
-            queue = sys._getframe(1).f_locals.get("data_queue")
+            queue = _torch_internals.result_queue_of_worker_loop(sys._getframe(1))
             if queue is not None:
                 self.watch.watch_result_queue(worker_id, queue)
         _registry.raise_child_failure()
@@ -134,10 +134,10 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         object.__setattr__(loader, "worker_init_fn", user_init)
         object.__setattr__(loader, "multiprocessing_context", user_context)
     if arming.errors:
-        _shutdown(iterator)
+        _torch_internals.shutdown_workers(iterator)
         raise arming.errors[0]
     if arming.unrecognised and not arming.recognised:
-        _shutdown(iterator)
+        _torch_internals.shutdown_workers(iterator)
         raise UnarmedWorkersError(
             f"safeloader: this loader forked {arming.unrecognised} process(es) but none was recognised as a "
             "DataLoader worker, so no fork hook ran (this torch's worker loop is not one of "
@@ -169,12 +169,6 @@ def _warn_thread_workers() -> None:
             RuntimeWarning,
             stacklevel=4,
         )
-
-
-def _shutdown(iterator: Any) -> None:
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
 
 
 class _SafeDataLoaderMeta(type):

@@ -13,6 +13,7 @@ import functools
 import importlib
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 WORKER_LOOP_NAMES = ("_worker_loop", "_process_worker_loop")
 """torch's worker entry point: ``_worker_loop`` up to 2.15; torch's main branch splits it
@@ -105,3 +106,63 @@ def is_worker_loop(target: object) -> bool:
 
 def uses_thread_workers(loader: object) -> bool:
     return getattr(loader, THREAD_WORKER_ATTRIBUTE, None) == "thread"
+
+
+# -- accessors: the only code that touches the private names above -------------------
+
+PIN_MEMORY_MODULE = "torch.utils.data._utils.pin_memory"
+"""Where torch's pin-memory thread's ``pin_memory`` function lives (the pin-memory fork gate wraps it)."""
+LAZY_INIT = "_lazy_init"
+"""An accelerator module's (``torch.cuda``...) initialisation on first use, refused in forked workers."""
+GET_ITERATOR = "_get_iterator"
+"""DataLoader's method that creates the iterator, which is where torch forks the workers."""
+TRY_GET_DATA = "_try_get_data"
+"""The multiprocessing iterator's wait for one batch (with a timeout), wrapped by the watchdog."""
+
+
+def get_iterator_of(cls: type) -> Any:
+    """``cls``'s own ``_get_iterator`` (KeyError if it only inherits one)."""
+    return cls.__dict__[GET_ITERATOR]
+
+
+def set_get_iterator(cls: type, method: Any) -> None:
+    setattr(cls, GET_ITERATOR, method)
+
+
+def has_workers_to_watch(iterator: object) -> bool:
+    """Whether ``iterator`` is a multiprocessing iterator whose wait and workers safeloader knows."""
+    return hasattr(type(iterator), TRY_GET_DATA) and hasattr(iterator, "_workers")
+
+
+def worker_processes(iterator: Any) -> list[Any]:
+    """The iterator's worker processes, by worker id."""
+    return list(getattr(iterator, "_workers", ()))
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """torch's own orderly shutdown of the iterator's workers (joins them, closes the queues)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def forget_worker_pids(iterator: Any) -> None:
+    """Unregister the iterator's workers from torch's SIGCHLD handler: killing one is then
+    not reported by torch as "worker exited unexpectedly"."""
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+
+
+def dataset_kind() -> Any:
+    """torch's ``_DatasetKind`` (its ``create_fetcher`` builds the worker's fetcher), or None."""
+    from torch.utils.data import dataloader
+
+    return getattr(dataloader, "_DatasetKind", None)
+
+
+def result_queue_of_worker_loop(frame: Any) -> Any:
+    """The result queue of torch's worker loop, from its frame (it calls ``worker_init_fn``), or None."""
+    return frame.f_locals.get("data_queue") if frame is not None else None

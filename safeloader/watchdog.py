@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from . import _registry, hook_names, native
+from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
 from ._stacks import NATIVE_STACK_SIGNAL, PYTHON_STACK_SIGNAL
 
@@ -357,9 +357,7 @@ def _instrument_fetchers() -> None:
     per epoch with persistent workers); wrapping that factory in the worker
     process leaves the parent and torch's loop untouched.
     """
-    from torch.utils.data import dataloader
-
-    kind: Any = getattr(dataloader, "_DatasetKind", None)
+    kind = _torch_internals.dataset_kind()
     original = getattr(kind, "create_fetcher", None) if kind is not None else None
     if original is None or getattr(original, "_safeloader_watched", False):
         return
@@ -454,7 +452,7 @@ _watched_classes: dict[type, type] = {}
 def attach(iterator: Any, watch: Watch) -> None:
     """Make ``iterator`` (torch's multiprocessing iterator) check ``watch`` while it waits."""
     cls = type(iterator)
-    if not hasattr(cls, "_try_get_data") or not hasattr(iterator, "_workers"):
+    if not _torch_internals.has_workers_to_watch(iterator):
         return  # not an iterator with workers we know how to watch
     watched = _watched_classes.get(cls)
     if watched is None:
@@ -466,7 +464,7 @@ def attach(iterator: Any, watch: Watch) -> None:
 
 def _check(iterator: Any, watch: Watch) -> None:
     watch.next_check = time.monotonic() + watch.poll_interval
-    workers = iterator._workers
+    workers = _torch_internals.worker_processes(iterator)
     failures = watch.send_failures()
     if failures:
         _shutdown_now(iterator, watch)
@@ -529,14 +527,10 @@ def _shutdown_now(iterator: Any, watch: Watch) -> None:
     "worker exited unexpectedly" error, so their pids are unregistered first.
     """
     try:
-        from torch.utils.data._utils import signal_handling
-
-        if getattr(iterator, "_worker_pids_set", False):
-            signal_handling._remove_worker_pids(id(iterator))
-            iterator._worker_pids_set = False
-        for worker_id, process in enumerate(iterator._workers):
+        _torch_internals.forget_worker_pids(iterator)
+        for worker_id, process in enumerate(_torch_internals.worker_processes(iterator)):
             if worker_id < watch.num_workers and watch.state(worker_id) != IDLE and process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
                 process.join(timeout=5)
     finally:
-        iterator._shutdown_workers()
+        _torch_internals.shutdown_workers(iterator)

@@ -38,6 +38,7 @@ only around each fork would not see a call already in progress. Call
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import warnings
@@ -46,6 +47,7 @@ from typing import Any
 
 from .. import hook_names
 from .._options import Options
+from .._torch_internals import PIN_MEMORY_MODULE
 from ._backend import Backend
 
 NAME = hook_names.PIN_MEMORY
@@ -128,13 +130,13 @@ def _gated_pin_memory(data: Any, device: Any = None) -> Any:
 
 def gated() -> bool:
     """Whether torch's pin_memory() currently goes through the gate."""
-    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    module = sys.modules.get(PIN_MEMORY_MODULE)
     return module is not None and getattr(module, "pin_memory", None) is _gated_pin_memory
 
 
 def _install_gate() -> None:
     global _original
-    import torch.utils.data._utils.pin_memory as pin_module
+    pin_module: Any = importlib.import_module(PIN_MEMORY_MODULE)
 
     current = getattr(pin_module, "pin_memory", None)
     if current is None or current is _gated_pin_memory:
@@ -150,7 +152,7 @@ def remove_gate() -> None:
     something else has wrapped the gate since, it is left in place (removing
     it would drop that wrapper too), and goes on gating.
     """
-    module: Any = sys.modules.get("torch.utils.data._utils.pin_memory")
+    module: Any = sys.modules.get(PIN_MEMORY_MODULE)
     if module is not None and _original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
         module.pin_memory = _original
 
@@ -188,9 +190,9 @@ def status() -> str:
     """Whether the gate is in place, in words."""
     if gated():
         return "active: worker forks wait for pin-memory threads to leave pin_memory()"
-    module = sys.modules.get("torch.utils.data._utils.pin_memory")
+    module = sys.modules.get(PIN_MEMORY_MODULE)
     if module is not None and not hasattr(module, "pin_memory"):
-        return "inactive: this torch has no torch.utils.data._utils.pin_memory.pin_memory to gate"
+        return f"inactive: this torch has no {PIN_MEMORY_MODULE}.pin_memory to gate"
     return "inactive until the first safeloader-armed loader starts forked workers"
 
 

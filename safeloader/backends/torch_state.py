@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 from .. import hook_names
 from .._registry import fork_context
+from .._torch_internals import LAZY_INIT
 from ._backend import Backend
 
 NAME = hook_names.TORCH
@@ -87,7 +88,7 @@ def _after_in_child() -> None:
     for accelerator in _in_parent:
         module: Any = sys.modules.get(f"torch.{accelerator}")
         if module is not None:
-            module._lazy_init = _RefuseLazyInit(accelerator)
+            setattr(module, LAZY_INIT, _RefuseLazyInit(accelerator))
 
 
 class TorchBackend(Backend):
