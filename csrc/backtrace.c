@@ -15,6 +15,11 @@
  *   thread's end marker with a deadline and then moves on.
  * - formatting is done by hand into a stack buffer (no printf), written with
  *   write(2), which is async-signal-safe.
+ * - the only shared variable, output_fd, is a lock-free atomic, so any thread
+ *   may install while another thread's handler runs (see _native.c on
+ *   free-threaded Python).
+ * Addresses are handled as uintptr_t (the integer type that holds a pointer),
+ * never as long.
  */
 #define _GNU_SOURCE
 #include "backtrace.h"
@@ -24,14 +29,37 @@
 #include <execinfo.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* Deepest stack reported, in frames: deep enough for Python's eval loop under
+ * a native library; deeper stacks are cut (1 KiB of the handler's stack). */
 #define MAX_FRAMES 128
+/* One output line: a frame's address, library path and symbol. Longer lines
+ * are truncated; paths and mangled symbols rarely reach 1 KiB. */
 #define LINE_MAX_LEN 1024
+/* backtrace() returns these frames before the interrupted code: frame 0 is
+ * on_backtrace_signal, frame 1 the kernel's signal trampoline. */
+#define HANDLER_FRAMES 2
+/* Frames asked of the warm-up backtrace() call: any number >= 1 loads libgcc_s. */
+#define WARMUP_FRAMES 1
+/* A thread's name as /proc/<pid>/task/<tid>/comm gives it: the kernel keeps at
+ * most TASK_COMM_LEN = 16 bytes (15 characters and a NUL); twice that leaves
+ * room for the trailing newline and for kernels that report longer names
+ * (these are cut). */
+#define THREAD_NAME_MAX 32
+/* Digits of a number written in base 16: one per 4 bits. */
+#define HEX_BASE 16
+#define HEX_DIGITS_MAX (2 * sizeof(uintptr_t))
+/* Digits of a number written in base 10: 20 for the largest 64-bit value. */
+#define DEC_BASE 10
+#define DEC_DIGITS_MAX 20
 
-static volatile sig_atomic_t output_fd = -1;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "output_fd must be a lock-free atomic to be read by a signal handler");
+static atomic_int output_fd = -1;
 
 typedef struct {
     char data[LINE_MAX_LEN];
@@ -42,25 +70,27 @@ static void put_str(line_t *line, const char *text) {
     while (*text && line->len < sizeof(line->data) - 1) line->data[line->len++] = *text++;
 }
 
-static void put_hex(line_t *line, unsigned long value) {
-    char digits[2 * sizeof(value)];
-    int count = 0;
+static void put_hex(line_t *line, uintptr_t value) {
+    char digits[HEX_DIGITS_MAX];
+    size_t count = 0;
     do {
-        digits[count++] = "0123456789abcdef"[value & 0xf];
-        value >>= 4;
-    } while (value && count < (int)sizeof(digits));
+        digits[count++] = "0123456789abcdef"[value % HEX_BASE];
+        value /= HEX_BASE;
+    } while (value && count < sizeof(digits));
     put_str(line, "0x");
     while (count > 0 && line->len < sizeof(line->data) - 1) line->data[line->len++] = digits[--count];
 }
 
 static void put_dec(line_t *line, long value) {
-    char digits[24];
-    int count = 0;
-    if (value < 0) { put_str(line, "-"); value = -value; }
+    char digits[DEC_DIGITS_MAX];
+    size_t count = 0;
+    /* The magnitude as unsigned: -LONG_MIN does not fit in a long. */
+    unsigned long magnitude = value < 0 ? 0UL - (unsigned long)value : (unsigned long)value;
+    if (value < 0) put_str(line, "-");
     do {
-        digits[count++] = (char)('0' + value % 10);
-        value /= 10;
-    } while (value && count < (int)sizeof(digits));
+        digits[count++] = (char)('0' + magnitude % DEC_BASE);
+        magnitude /= DEC_BASE;
+    } while (magnitude && count < sizeof(digits));
     while (count > 0 && line->len < sizeof(line->data) - 1) line->data[line->len++] = digits[--count];
 }
 
@@ -79,14 +109,14 @@ static void flush_line(int fd, line_t *line) {
 
 /* The kernel's name for this thread (e.g. "rayon-worker", "pt_data_worker"). */
 static void put_thread_name(line_t *line, long tid) {
-    char path[64] = "/proc/self/task/";
-    line_t number = {.len = 0};
-    put_dec(&number, tid);
-    memcpy(path + 16, number.data, number.len);
-    memcpy(path + 16 + number.len, "/comm", 6);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    line_t path = {.len = 0};
+    put_str(&path, "/proc/self/task/");
+    put_dec(&path, tid);
+    put_str(&path, "/comm");
+    path.data[path.len] = '\0'; /* put_str leaves the last byte free */
+    int fd = open(path.data, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
-    char name[32];
+    char name[THREAD_NAME_MAX];
     ssize_t count = read(fd, name, sizeof(name) - 1);
     close(fd);
     if (count <= 0) return;
@@ -95,10 +125,15 @@ static void put_thread_name(line_t *line, long tid) {
     put_str(line, name);
 }
 
+/* Where `address` lies relative to `base` (a library's load address or a symbol's). */
+static uintptr_t offset_from(const void *address, const void *base) {
+    return (uintptr_t)address - (uintptr_t)base;
+}
+
 static void on_backtrace_signal(int signum, siginfo_t *info, void *context) {
     (void)signum; (void)info; (void)context;
     int saved_errno = errno;
-    int fd = output_fd;
+    int fd = atomic_load_explicit(&output_fd, memory_order_relaxed);
     if (fd < 0) { errno = saved_errno; return; }
     long tid = syscall(SYS_gettid);
     void *frames[MAX_FRAMES];
@@ -111,19 +146,17 @@ static void on_backtrace_signal(int signum, siginfo_t *info, void *context) {
     put_thread_name(&line, tid);
     put_str(&line, "\n");
     flush_line(fd, &line);
-    /* Frame 0 is this handler and frame 1 the kernel's signal trampoline:
-     * the interrupted code starts at frame 2. */
-    for (int i = 2; i < count; i++) {
+    for (int i = HANDLER_FRAMES; i < count; i++) { /* the interrupted code's frames */
         Dl_info where;
         memset(&where, 0, sizeof(where));
         int found = dladdr(frames[i], &where);
         put_str(&line, "frame ");
-        put_hex(&line, (unsigned long)frames[i]);
+        put_hex(&line, (uintptr_t)frames[i]);
         put_str(&line, " ");
         if (found && where.dli_fname != NULL && where.dli_fname[0] != '\0') {
             put_str(&line, where.dli_fname);
             put_str(&line, " ");
-            put_hex(&line, (unsigned long)frames[i] - (unsigned long)where.dli_fbase);
+            put_hex(&line, offset_from(frames[i], where.dli_fbase));
         } else {
             put_str(&line, "? 0x0");
         }
@@ -131,7 +164,7 @@ static void on_backtrace_signal(int signum, siginfo_t *info, void *context) {
         if (found && where.dli_sname != NULL) {
             put_str(&line, where.dli_sname);
             put_str(&line, "+");
-            put_hex(&line, (unsigned long)frames[i] - (unsigned long)where.dli_saddr);
+            put_hex(&line, offset_from(frames[i], where.dli_saddr));
         } else {
             put_str(&line, "?");
         }
@@ -146,14 +179,14 @@ static void on_backtrace_signal(int signum, siginfo_t *info, void *context) {
 }
 
 int sl_install_backtrace_handler(int signum, int fd) {
-    void *warm[4];
-    backtrace(warm, 4); /* loads libgcc_s now, outside any signal handler */
+    void *warm[WARMUP_FRAMES];
+    backtrace(warm, WARMUP_FRAMES); /* loads libgcc_s now, outside any signal handler */
     struct sigaction action;
     memset(&action, 0, sizeof(action));
     action.sa_sigaction = on_backtrace_signal;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&action.sa_mask);
-    output_fd = fd;
+    atomic_store_explicit(&output_fd, fd, memory_order_relaxed);
     return sigaction(signum, &action, NULL);
 }
 

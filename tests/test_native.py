@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 
 import pytest
 
@@ -117,6 +119,83 @@ def test_thread_census_separates_python_threads_from_native_pools():
     assert python_ids.isdisjoint(tid for tid, _ in census.foreign)
     if (os.cpu_count() or 1) > 1:
         assert census.foreign, "OpenBLAS threads must show up as threads Python did not start"
+
+
+NATIVE_FUNCTIONS = (
+    "fork_generation",
+    "thread_ids",
+    "install_continue_handler",
+    "last_continued",
+    "install_backtrace_handler",
+    "signal_thread",
+)
+
+
+@pytest.mark.skipif(not safeloader.NATIVE, reason="needs the C extension")
+def test_extension_and_fallback_have_the_same_functions_and_parameters():
+    from safeloader import _native, _native_fallback
+
+    assert _native.__doc__, "the extension has a module docstring"
+    public = sorted(name for name in dir(_native) if not name.startswith("_"))
+    assert public == sorted(NATIVE_FUNCTIONS)
+    for name in NATIVE_FUNCTIONS:
+        native_parameters = list(inspect.signature(getattr(_native, name)).parameters)
+        fallback_parameters = list(inspect.signature(getattr(_native_fallback, name)).parameters)
+        assert native_parameters == fallback_parameters, name
+
+
+def test_executing_the_module_again_counts_each_fork_once():
+    # Multi-phase init runs the module's exec slot on each fresh import; the
+    # pthread_atfork handler must still be registered once per process.
+    result = check_python(
+        """
+import importlib, os, sys
+from safeloader import _native as first
+del sys.modules["safeloader._native"]
+second = importlib.import_module("safeloader._native")
+assert second is not first
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, f"{first.fork_generation()} {second.fork_generation()}".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 100).decode())
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "1 1"
+
+
+IN_OWN_GIL_INTERPRETER = """
+import importlib.util
+spec = importlib.util.spec_from_file_location("safeloader._native", {path!r})
+native = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(native)
+assert native.fork_generation() == 0 and native.thread_ids() and native.install_continue_handler()
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="per-interpreter GIL: Python 3.12+")
+def test_extension_loads_in_an_interpreter_with_its_own_gil():
+    # The extension declares Py_MOD_PER_INTERPRETER_GIL_SUPPORTED. Only the
+    # extension is loaded there: the package imports faulthandler, which does
+    # not support such interpreters. Python's module for creating one is private.
+    result = check_python(
+        f"""
+try:
+    import _interpreters as interpreters
+except ImportError:
+    import _xxsubinterpreters as interpreters
+from safeloader import _native
+interpreter = interpreters.create()  # isolated: its own GIL
+failure = interpreters.run_string(interpreter, {IN_OWN_GIL_INTERPRETER!r}.format(path=_native.__file__))
+interpreters.destroy(interpreter)
+print(failure or "ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok", result
 
 
 def test_fallback_can_be_forced():
