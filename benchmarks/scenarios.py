@@ -3,11 +3,14 @@
 Each scenario maps contender names to a *setup* function ``setup(params) ->
 measure``; the runner calls setup once in a fresh child process (so a parent
 state such as "zarrs already decoded here" is real) and then ``measure()``
-once per round. Process-based contenders build a DataLoader; thread-based ones
-(``THREADS``: a ThreadPoolExecutor, SPDL's pipeline) iterate the same Dataset with
-threads (``benchmarks.threads``), where threads apply. ``measure`` returns ``{"seconds": float, "ok": bool}`` (plus
+once per round. ``measure`` returns ``{"seconds": float, "ok": bool}`` (plus
 scenario-specific figures), or raises: an exception is recorded as a failure,
 a timeout as a hang.
+
+Process-based contenders build a DataLoader; thread-based ones (``THREADS``: a
+ThreadPoolExecutor, SPDL's pipeline; ``benchmarks.threads``) iterate the same
+Dataset with threads, in the scenarios where a Dataset written for workers can be
+shared by threads as it is (not the first-batch ones: threads have no start-up).
 
 Datasets open their file in ``__init__``, as users write them.
 """
