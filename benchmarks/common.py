@@ -56,10 +56,10 @@ def machine() -> dict:
     import torch
 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-    for name in ("zarr", "zarrs", "h5py", "threadpoolctl"):
+    for name in ("zarr", "zarrs", "h5py", "threadpoolctl", "polars", "spdl"):
         try:
             versions[name] = __import__(name).__version__
-        except ImportError:
+        except (ImportError, AttributeError):
             pass
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

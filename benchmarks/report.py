@@ -55,7 +55,9 @@ def chart(result: dict, path: Path) -> Path:
         names = list(contenders)
         medians = [contenders[n].get("median") or 0 for n in names]
         top = max(medians) or 1
-        colors = ["tab:green" if n == "safeloader" else "tab:gray" for n in names]
+        # safeloader green, thread-based loading blue, the other process-based ways gray
+        colors = ["tab:green" if n == "safeloader" else "tab:blue" if n.startswith("threads") else "tab:gray"
+                  for n in names]
         axis.barh(names, medians, color=colors)
         for y, name in enumerate(names):
             entry = contenders[name]

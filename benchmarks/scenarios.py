@@ -7,6 +7,11 @@ once per round. ``measure`` returns ``{"seconds": float, "ok": bool}`` (plus
 scenario-specific figures), or raises: an exception is recorded as a failure,
 a timeout as a hang.
 
+Process-based contenders build a DataLoader; thread-based ones (``THREADS``: a
+ThreadPoolExecutor, SPDL's pipeline; ``benchmarks.threads``) iterate the same
+Dataset with threads, in the scenarios where a Dataset written for workers can be
+shared by threads as it is (not the first-batch ones: threads have no start-up).
+
 Datasets open their file in ``__init__``, as users write them.
 """
 
@@ -29,16 +34,21 @@ Measure = Callable[[], dict]
 PRELOAD = ["torch", "torch.utils.data", "numpy", "benchmarks.scenarios"]
 ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+THREADS = ("threads (ThreadPoolExecutor)", "threads (SPDL)")
 
 
 # -- data ----------------------------------------------------------------------
 
 
 SCALES = {
-    # zarr_rows x 1024 float32 columns (4 MB raw per 1024 rows), read 64 rows (4 chunks) per item
-    "tiny": {"zarr_rows": 256, "file_items": 200, "blas_items": 8, "objects": 50_000},
-    "quick": {"zarr_rows": 32768, "file_items": 1000, "blas_items": 64, "objects": 1_000_000},
-    "full": {"zarr_rows": 65536, "file_items": 3000, "blas_items": 192, "objects": 3_000_000},
+    # zarr_rows x 1024 float32 columns (4 MB raw per 1024 rows), read 64 rows (4 chunks) per item;
+    # polars_rows: the parent's query; polars_items: parquet files read per epoch (a multiple of 64)
+    "tiny": {"zarr_rows": 256, "file_items": 200, "blas_items": 8, "objects": 50_000, "text_items": 16,
+             "polars_rows": 100_000, "polars_items": 64},
+    "quick": {"zarr_rows": 32768, "file_items": 1000, "blas_items": 64, "objects": 1_000_000, "text_items": 256,
+              "polars_rows": 1_500_000, "polars_items": 1024},
+    "full": {"zarr_rows": 65536, "file_items": 3000, "blas_items": 192, "objects": 3_000_000, "text_items": 768,
+             "polars_rows": 2_000_000, "polars_items": 3072},
 }
 
 
@@ -67,9 +77,12 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
         f.create_dataset("x", data=records, chunks=(8, 512), compression="gzip")
     np.savez(directory / "data.npz", **{f"m{i}": records[i] for i in range(n["file_items"])})
     from .scenarios_handles import write_lmdb
+    from .scenarios_polars import write_parquet
 
     return {
         "lmdb": write_lmdb(directory, records),
+        **write_parquet(directory, n["polars_rows"], n["polars_items"]),
+        "text_checksum": float(sum(Tokenize(n["text_items"])[i] for i in range(n["text_items"]))),
         "dir": str(directory),
         "zarr": str(directory / "data.zarr"),
         "zarr_checksum": float(base.sum(dtype=np.float64)),
@@ -83,15 +96,18 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
 # -- loaders -------------------------------------------------------------------
 
 
-def loader_kinds() -> dict[str, Callable[..., Any]]:
-    """How each contender builds its loader from (dataset, **kwargs)."""
+def loader_kinds(preload: list[str] = PRELOAD) -> dict[str, Callable[..., Any]]:
+    """How each contender builds its loader (an iterable of batches) from (dataset, **kwargs);
+    ``preload``: what forkserver+preload imports in the server."""
     import multiprocessing
 
-    def with_context(method: str, preload: bool = False):
+    from .threads import SpdlLoader, ThreadPoolLoader
+
+    def with_context(method: str, with_preload: bool = False):
         def build(dataset, **kwargs):
             context = multiprocessing.get_context(method)
-            if preload:
-                context.set_forkserver_preload(PRELOAD)
+            if with_preload:
+                context.set_forkserver_preload(preload)
             return TorchDataLoader(dataset, multiprocessing_context=context, **kwargs)
 
         return build
@@ -100,8 +116,10 @@ def loader_kinds() -> dict[str, Callable[..., Any]]:
         "torch fork": TorchDataLoader,
         "spawn": with_context("spawn"),
         "forkserver": with_context("forkserver"),
-        "forkserver+preload": with_context("forkserver", preload=True),
+        "forkserver+preload": with_context("forkserver", with_preload=True),
         "num_workers=0": lambda dataset, **kwargs: TorchDataLoader(dataset, **{**kwargs, "num_workers": 0}),
+        THREADS[0]: ThreadPoolLoader,
+        THREADS[1]: SpdlLoader,
         "safeloader": safeloader.DataLoader,
     }
 
@@ -279,6 +297,40 @@ def blas_contender(kind: str) -> Callable[[dict], Measure]:
     return setup
 
 
+# -- Python-heavy transform ---------------------------------------------------------
+
+
+class Tokenize(Dataset):
+    """Pure-Python work per item (splitting, normalising and counting the words of a document, as
+    text pipelines do): it holds the GIL throughout, so threads run it one at a time."""
+
+    WORDS = tuple(f"Word{i}," if i % 7 == 0 else f"word{i}" for i in range(2000))
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        words, step = self.WORDS, 1 + index % 13
+        text = " ".join(words[(index + j * step) % len(words)] for j in range(20_000))
+        counts: dict[str, int] = {}
+        for word in text.split():
+            token = word.lower().strip(".,")
+            counts[token] = counts.get(token, 0) + 1
+        return torch.tensor(float(sum(len(token) * n for token, n in counts.items()) + len(counts)))
+
+
+def text_contender(kind: str) -> Callable[[dict], Measure]:
+    def setup(params: dict) -> Measure:
+        dataset = Tokenize(params["text_items"])
+        build = loader_kinds()[kind]
+        return lambda: epoch(build, dataset, params["text_checksum"], batch_size=4, num_workers=2)
+
+    return setup
+
+
 # -- worker memory ----------------------------------------------------------------
 
 
@@ -340,26 +392,30 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
     table: dict[str, dict[str, Callable[[dict], Measure]]] = {}
     for workers in (1, 2, 4):
         table[f"first batch, {workers} worker{'s' if workers > 1 else ''}"] = {
-            kind: startup(kind, workers) for kind in loader_kinds() if kind != "num_workers=0"
+            kind: startup(kind, workers) for kind in loader_kinds() if kind not in ("num_workers=0", *THREADS)
         }
     table["zarr via zarrs, parent read first"] = {
         "torch fork": zarr_contender("torch fork"),
         "torch fork, parent never opened it": zarr_contender("torch fork", parent_reads=False),
-        **{kind: zarr_contender(kind) for kind in (*SLOW_STARTS, "num_workers=0")},
+        **{kind: zarr_contender(kind) for kind in (*SLOW_STARTS, "num_workers=0", *THREADS)},
         "zarr-python pipeline, fork": zarr_contender("torch fork", pipeline=PYTHON_PIPELINE),
         "safeloader": zarr_contender("safeloader"),
     }
     for fmt, label in (("h5", "HDF5"), ("npz", "npz")):
         table[f"{label} opened in __init__"] = {
-            **{kind: file_contender(fmt, kind) for kind in ("torch fork", *SLOW_STARTS, "num_workers=0")},
+            **{kind: file_contender(fmt, kind) for kind in ("torch fork", *SLOW_STARTS, "num_workers=0", *THREADS)},
             "open per item, fork": file_contender(fmt, "torch fork", OpenPerItem),
             "lazy per worker, fork": file_contender(fmt, "torch fork", LazyPerWorker),
             "safeloader": file_contender(fmt, "safeloader"),
         }
-    from . import scenarios_handles
+    from . import scenarios_handles, scenarios_polars
 
     table.update(scenarios_handles.table())
+    table.update(scenarios_polars.table())
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
+    table["Python-heavy transform (holds the GIL)"] = {
+        kind: text_contender(kind) for kind in ("torch fork", "num_workers=0", *THREADS, "safeloader")
+    }
     table["worker memory, many objects, one gc.collect()"] = {
         "torch fork": memory_contender("torch fork"),
         "spawn": memory_contender("spawn"),

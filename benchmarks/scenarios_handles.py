@@ -1,7 +1,7 @@
 """Scenarios for handles a Dataset opens in __init__ beyond files: HTTP keep-alive, fsspec, LMDB.
 
 Each contender's child process runs its own local HTTP server (127.0.0.1,
-from ``tests.http_server``) in a thread; the Dataset holds only its URL and
+from ``benchmarks.http_server``) in a thread; the Dataset holds only its URL and
 its client. "lazy per worker" is the usual workaround: the client or
 environment is made on first use in each process (a pid check).
 """
@@ -91,7 +91,7 @@ def handle_contender(kind: str, loader_kind: str, lazy: bool = False) -> Callabl
             # Each record read 10 times per epoch: reads, not worker start-up, dominate.
             count, checksum = 10 * params["file_items"], 10 * params["file_checksum"]
         else:
-            from tests.http_server import COUNT, Server
+            from .http_server import COUNT, Server
 
             server = Server(lifetime=3600).start()
             source, count, checksum = server.base, COUNT, float(server.data.sum(dtype=np.int64))

@@ -6,6 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks.scenarios import THREADS
+from benchmarks.threads import SpdlLoader, ThreadPoolLoader
 
 from .subproc import run_python
 
@@ -42,7 +47,35 @@ sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz",
                 assert isinstance(entry["correct"], bool)
         assert contenders["safeloader"]["status"] == "ok" and contenders["safeloader"]["correct"]
         assert contenders["safeloader"]["ratio_to_safeloader"] == pytest.approx(1.0)
+    # Thread-based contenders run the same Dataset, checked against the same checksum.
+    for name in THREADS:
+        entry = data["scenarios"]["npz opened in __init__"][name]
+        assert entry["status"] == "ok" and entry["correct"], (name, entry)
     # The failure safeloader fixes is recorded as such, not waited out or dropped.
     assert data["scenarios"]["npz opened in __init__"]["spawn"]["status"].startswith("error: ")
     assert output.with_suffix(".png").stat().st_size > 1000
     assert "| **safeloader** |" in result.stdout
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 7 and getattr(self, "fail", False):
+            raise ValueError("item 7")
+        return torch.tensor([index, index * index])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loader", [ThreadPoolLoader, SpdlLoader])
+def test_thread_contenders_yield_torchs_items_and_stop_on_an_item_that_raises(loader):
+    generator = torch.Generator().manual_seed(0)
+    got = list(loader(Squares(), batch_size=3, num_workers=2, shuffle=True, generator=generator))
+    assert [len(batch) for batch in got] == [3, 3, 3, 1]
+    expected = torch.cat(list(DataLoader(Squares(), batch_size=3)))
+    assert sorted(map(tuple, torch.cat(got).tolist())) == sorted(map(tuple, expected.tolist()))
+    failing = Squares()
+    failing.fail = True  # an item that raises must fail the epoch, never be dropped (a wrong checksum at best)
+    with pytest.raises(Exception):  # noqa: B017  (ValueError from the pool, SPDL's PipelineFailure)
+        list(loader(failing, batch_size=3, num_workers=2))

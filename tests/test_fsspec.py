@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from torch.utils.data import Dataset
 
+from benchmarks.http_server import COUNT, RECORD, Server
 from safeloader import DataLoader
 
-from .http_server import COUNT, RECORD, Server
 from .test_files import assert_torch_loader_fails, check_workers_and_parent
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
@@ -51,7 +51,7 @@ def test_http_filesystem_and_files_made_in_init_work_in_4_workers(through):
 @pytest.mark.parametrize("through", ["filesystem", "file"])
 def test_same_dataset_under_torch_loader_fails_or_hangs(through):
     setup = f"""
-        from tests.http_server import Server
+        from benchmarks.http_server import Server
         from tests.test_fsspec import HttpFsRecords
         server = Server(lifetime=100).start()
         dataset = HttpFsRecords(server.base, {through!r})

@@ -11,6 +11,7 @@ import http.client
 import os
 import socket
 import ssl
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,14 +19,16 @@ import requests
 import urllib3
 from torch.utils.data import Dataset
 
+from benchmarks.http_server import COUNT, RECORD, Server
 from safeloader import DataLoader
 from safeloader.backends import sockets as sockets_backend
 
-from .http_server import CERTIFICATE, COUNT, RECORD, Server
 from .test_files import assert_torch_loader_fails, check_workers_and_parent
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
+# A self-signed certificate and key for 127.0.0.1 (valid until 2126), for the TLS server.
+CERTIFICATE = str(Path(__file__).resolve().parent / "data" / "localhost.pem")
 CLIENTS = ("requests", "urllib3", "http.client", "requests over TLS", "http.client over TLS")
 
 
@@ -78,7 +81,7 @@ def parent_socket(dataset: HttpRecords) -> socket.socket:
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client):
-    with Server(tls=client.endswith("TLS")) as server:
+    with Server(certificate=CERTIFICATE if client.endswith("TLS") else None) as server:
         dataset = HttpRecords(server.base, client)
         before = parent_socket(dataset).getsockname()
         check_workers_and_parent(dataset, server.data)
@@ -90,9 +93,9 @@ def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_same_clients_under_torch_loader_read_wrong_bytes_or_fail(client):
     setup = f"""
-        from tests.http_server import Server
-        from tests.test_sockets import HttpRecords
-        server = Server(tls={client.endswith("TLS")!r}).start()
+        from benchmarks.http_server import Server
+        from tests.test_sockets import CERTIFICATE, HttpRecords
+        server = Server(certificate=CERTIFICATE if {client.endswith("TLS")!r} else None).start()
         dataset = HttpRecords(server.base, {client!r})
         expected = server.data
     """

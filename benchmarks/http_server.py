@@ -1,8 +1,10 @@
-"""A local HTTP/1.1 keep-alive server for the socket and fsspec tests.
+"""A local HTTP/1.1 keep-alive server for the benchmark suite and the socket and fsspec tests.
 
 It listens on 127.0.0.1 only, on a free port, serves fixed records and one
 blob (with ``Range`` and ``HEAD`` support, as fsspec's HTTP filesystem needs),
-and stops by itself after ``lifetime`` seconds even if nobody stops it.
+and stops by itself after ``lifetime`` seconds even if nobody stops it. It
+lives here, not in tests/, so that the benchmarks never import the tests; the
+tests import it from here (and bring their own TLS certificate).
 """
 
 from __future__ import annotations
@@ -11,14 +13,11 @@ import re
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import numpy as np
 
 RECORD = 64
 COUNT = 256
-# A self-signed certificate and key for 127.0.0.1 (valid until 2126), for the TLS server.
-CERTIFICATE = str(Path(__file__).resolve().parent / "data" / "localhost.pem")
 
 
 def records(seed: int = 0) -> np.ndarray:
@@ -73,18 +72,18 @@ class _Handler(BaseHTTPRequestHandler):
 
 class Server:
     """``with Server() as server: server.url(...)``; stops at exit or after ``lifetime`` s.
-    ``tls=True``: HTTPS with ``CERTIFICATE`` (clients verify against that file)."""
+    ``certificate``: HTTPS with that PEM file (certificate and key; clients verify against it)."""
 
-    def __init__(self, seed: int = 0, lifetime: float = 120.0, tls: bool = False) -> None:
+    def __init__(self, seed: int = 0, lifetime: float = 120.0, certificate: str | None = None) -> None:
         self.data = records(seed)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.blob = self.data.tobytes()  # type: ignore[attr-defined]
-        if tls:
+        if certificate is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(CERTIFICATE)
+            context.load_cert_chain(certificate)
             self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
+        self.base = f"{'https' if certificate else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._timer = threading.Timer(lifetime, self.stop)
         self._timer.daemon = True
