@@ -44,9 +44,11 @@ test: setup
 	$(PY) -m mypy
 	$(PY) -m pytest
 
+# The newest stack checks safeloader itself; the torch_baseline tests (torch's own loader
+# failing on the same code, mostly waiting out a hang's deadline) run in `make test`.
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
-	$(PY_LATEST) -m pytest
+	$(PY_LATEST) -m pytest -m "not torch_baseline"
 
 # sdist + wheel installed in a fresh venv with and without a C compiler, then a smoke test.
 check-packaging: setup

@@ -32,4 +32,4 @@ try:
     out = [b for b in DataLoader(D(), batch_size=4, num_workers=2)]
     print("OK", len(out))
 except Exception as e:
-    print("ERR", type(e).__name__, str(e)[:300].replace("\n", " "))
+    print("ERR", type(e).__name__, str(e).replace("\n", " "))

@@ -120,6 +120,7 @@ def test_opened_in_init_reads_correctly_in_4_workers(tmp_path, kind):
     check_workers_and_parent(Opened(kind, path), want)
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ARCHIVES + IMAGE_KINDS)
 def test_same_dataset_under_torch_loader_fails(tmp_path, kind):

@@ -52,6 +52,7 @@ def test_loaders_started_from_eight_threads_at_once_never_freeze_their_workers()
     assert result.stdout.count(" ok") == 6
 
 
+@pytest.mark.torch_baseline
 def test_torch_baseline_eight_threads_complete():
     code = MANY_THREADS.format(rounds=2, extra="")
     code = code.replace("from safeloader import DataLoader", "from torch.utils.data import DataLoader")
@@ -230,6 +231,7 @@ except Exception as error:
 """
 
 
+@pytest.mark.torch_baseline
 def test_torch_waits_forever_for_a_batch_its_worker_could_not_send():
     result = run_python(LOST_BATCH.format(loader="torch"), timeout=20)
     assert result.timed_out, result

@@ -178,6 +178,7 @@ def test_two_gloo_ranks_with_zarrs_read_first_see_every_index_once(tmp_path, chu
         assert readers == armed_pids and report["pid"] not in armed_pids
 
 
+@pytest.mark.torch_baseline
 def test_same_ranks_with_torch_loader_hang_in_the_workers(tmp_path, chunked_array):
     # The failure the previous test guards against: torch's own loader, same
     # ranks and Dataset; the forked workers wait forever on the zarrs pool they

@@ -47,6 +47,7 @@ def test_http_filesystem_and_files_made_in_init_work_in_4_workers(through):
         assert dataset.fs.loop is loop  # the parent's filesystem kept its own loop and session
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("through", ["filesystem", "file"])
 def test_same_dataset_under_torch_loader_fails_or_hangs(through):

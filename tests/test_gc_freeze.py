@@ -84,6 +84,7 @@ def records() -> Records:
     return Records(400_000)
 
 
+@pytest.mark.torch_baseline
 def test_worker_collection_copies_parent_objects_under_torch_loader(records):
     # The failure freeze_gc fixes (torch issue 13246): the worker's full
     # collection writes the header of every parent container, copying its pages.

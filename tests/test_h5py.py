@@ -74,6 +74,7 @@ def test_h5py_read_correctly_in_4_workers(tmp_path, driver):
     check_workers_and_parent(dataset, expected)
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("driver", ["stdio", "fileobj"])
 def test_same_h5py_dataset_under_torch_loader_fails(tmp_path, driver):

@@ -71,6 +71,7 @@ def test_environments_in_nested_datasets_and_containers_are_reopened(tmp_path):
     assert (values == data[indices % COUNT]).all()
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(120)
 def test_same_environment_under_torch_loader_runs_out_of_reader_slots(tmp_path):
     write_env(tmp_path / "db")

@@ -62,6 +62,7 @@ def test_npz_plain_and_compressed_read_correctly_in_4_workers(tmp_path):
     check_workers_and_parent(dataset, expected)
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(90)
 def test_same_npz_dataset_under_torch_loader_fails(tmp_path):
     plain, compressed, _ = write_archives(tmp_path)

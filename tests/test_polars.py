@@ -46,6 +46,7 @@ class Inherited(Dataset):
 """
 
 
+@pytest.mark.torch_baseline
 def test_torch_workers_hang_after_the_parent_used_polars(tmp_path):
     code = SETUP.format(tmp=str(tmp_path)) + """
 from torch.utils.data import DataLoader

@@ -180,6 +180,7 @@ def armed_workers(out: Path, parent_pid: int) -> set[int]:
     return {int(pid) for pid in path.read_text().split()} if path.exists() else set()
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(200)
 def test_ray_train_without_install_hangs_after_the_training_process_decoded(tmp_path):
     result, out = run_script(RAY_SCRIPT, tmp_path, "torch", timeout=180)
@@ -207,6 +208,7 @@ def accelerate_report(result) -> dict:
     return json.loads(lines[-1][2:])
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(120)
 def test_accelerate_without_install_hangs_after_the_training_process_decoded(tmp_path):
     result, _ = run_script(ACCELERATE_SCRIPT, tmp_path, "torch", timeout=100)

@@ -89,6 +89,7 @@ def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client)
         assert parent_socket(dataset).getsockname() == before
 
 
+@pytest.mark.torch_baseline
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_same_clients_under_torch_loader_read_wrong_bytes_or_fail(client):

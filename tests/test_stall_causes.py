@@ -55,6 +55,7 @@ os._exit(0)  # the walker thread still sleeps inside the loader
 """
 
 
+@pytest.mark.torch_baseline
 def test_torch_hangs_when_a_parent_thread_holds_the_loader_lock_at_fork():
     assert run_python(LOADER_LOCK.format(loader="torch"), timeout=15).timed_out
 
@@ -97,6 +98,7 @@ except safeloader.WorkerStallError as error:
 """
 
 
+@pytest.mark.torch_baseline
 def test_torch_hangs_on_gnu_openmp_after_the_parent_ran_a_parallel_region():
     assert run_python(OPENMP.format(loader="torch"), timeout=15).timed_out
 

@@ -147,6 +147,7 @@ print(json.dumps({"items": items, "before": before, "after": pools()}))
     assert out["after"] == out["before"]
 
 
+@pytest.mark.torch_baseline
 def test_same_budget_applied_naively_hangs_torch_loader():
     # The failure the pinning avoids: the same budget of 2 given to OpenMP in
     # torch's worker (via threadpoolctl) hangs at the first parallel region.
@@ -176,6 +177,7 @@ else:
     assert "persistent_workers=True" in message
 
 
+@pytest.mark.torch_baseline
 def test_raising_torch_threads_in_torch_loader_hangs():
     code = OPENMP_PARENT + """
 run(torch.utils.data.DataLoader(Report(), batch_size=None, num_workers=1,

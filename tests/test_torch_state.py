@@ -59,6 +59,7 @@ def test_worker_using_cuda_gets_an_error_saying_what_and_what_to_do(cuda_initial
     assert "multiprocessing_context='spawn'" in message
 
 
+@pytest.mark.torch_baseline
 def test_torch_loader_reports_another_error_for_the_same_dataset(cuda_initialised_in_parent):
     # What the backend replaces. On a GPU machine torch says "Cannot re-initialize
     # CUDA in forked subprocess ... you must use the 'spawn' start method"; on

@@ -81,6 +81,7 @@ def plain_array(tmp_path_factory) -> str:
     return write_arrays(tmp_path_factory.mktemp("torchdata"))["plain"]
 
 
+@pytest.mark.torch_baseline
 def test_stateful_dataloader_hangs_without_safeloader(plain_array):
     result = run_python(PROGRAM.format(order="torch only", path=plain_array), timeout=20)
     assert result.timed_out, f"torchdata's loader was expected to hang after the parent decoded:\n{result}"

@@ -147,6 +147,7 @@ print("all batches equal the direct read", flush=True)
 """
 
 
+@pytest.mark.torch_baseline
 def test_torch_dataloader_hangs_after_the_parent_decoded_zarrs(arrays):
     result = run_python(SEED.format(path=arrays["plain"], arm="", late_arm=""), timeout=20)
     assert result.timed_out, f"torch's own DataLoader was expected to hang:\n{result}"
