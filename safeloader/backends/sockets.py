@@ -37,6 +37,7 @@ To share the parent's connections as torch does: ``disable_hooks=("sockets",)``.
 
 from __future__ import annotations
 
+import _socket
 import os
 import socket
 import stat
@@ -44,10 +45,10 @@ import sys
 from typing import Any
 
 from .._registry import register_at_fork
+from . import _descriptors
 
 HOOK_NAME = "sockets"
 
-_PROC_FD = "/proc/self/fd"
 # Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
 _TCP_CLOSE = 7
 _TCP_LISTEN = 10
@@ -70,19 +71,16 @@ def register() -> None:
 
 def sever_inherited_connections() -> None:
     """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
-    if not os.path.isdir(_PROC_FD):
+    if not os.path.isdir(_descriptors.PROC_FD):
         return
     severed = 0
-    for name in os.listdir(_PROC_FD):
-        fd = int(name)
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-        except OSError:  # the listing's own descriptor, closed by now
+    # Listed once for this fork; the "files" hook reads the same list after this one.
+    for entry in _descriptors.inherited():
+        if not stat.S_ISSOCK(entry.mode):
             continue
-        family = _connected_tcp_family(fd)
+        family = _connected_tcp_family(entry.fd)
         if family is not None:
-            os.dup2(_stand_in(family).fileno(), fd, inheritable=os.get_inheritable(fd))
+            os.dup2(_stand_in(family).fileno(), entry.fd, inheritable=os.get_inheritable(entry.fd))
             severed += 1
     if severed and "http.client" in sys.modules:
         _reconnect_http_client_connections()
@@ -91,7 +89,8 @@ def sever_inherited_connections() -> None:
 def _connected_tcp_family(fd: int) -> int | None:
     """The address family of ``fd`` if it is a TCP socket with (or connecting to) a peer."""
     try:
-        probe = socket.socket(fileno=fd)  # no dup: detached below, never closed
+        # The C type: no Python-level wrapper, no enum conversions (a worker pays this per socket).
+        probe = _socket.socket(fileno=fd)  # no dup: detached below, never closed
     except OSError:
         return None
     try:
