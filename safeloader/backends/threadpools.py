@@ -68,22 +68,42 @@ class _Plan:
 # two loaders starting workers from two threads at once must not swap plans,
 # and a forked child keeps the forking thread's thread-locals.
 _fork = threading.local()
-_controller: tuple[tuple[str, ...], Any] | None = None  # (loaded libraries, ThreadpoolController)
+_controller: tuple[tuple[str, ...], Any, tuple[_Pool, ...]] | None = None  # (loaded libraries, controller, pools)
 
 
-def _pools(libraries: tuple[str, ...]) -> Any:
-    """threadpoolctl's controller, built once per set of loaded libraries.
+@dataclass(frozen=True)
+class _Pool:
+    """A threadpoolctl library controller and what ``_before`` asks of it, worked out once."""
+
+    library: Any
+    path: str
+    """Real path of its shared object."""
+    openmp: bool
+    in_torch: bool
+    """The OpenMP runtime bundled in torch's wheel."""
+
+
+def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
+    """threadpoolctl's pools, found once per set of loaded libraries.
 
     Built in the parent and inherited: its ctypes handles stay valid in the
     child, which then only calls the set-threads functions (a worker pays
-    microseconds instead of a library scan).
+    microseconds instead of a library scan). Their real paths are resolved
+    here too, not per fork (``realpath`` is an lstat per path component).
     """
     global _controller
     if _controller is None or _controller[0] != libraries:
         import threadpoolctl
 
-        _controller = (libraries, threadpoolctl.ThreadpoolController())
-    return _controller[1]
+        controller = threadpoolctl.ThreadpoolController()
+        torch_dir = _torch_dir()
+        pools = []
+        for library in controller.lib_controllers:
+            path = os.path.realpath(library.filepath)
+            openmp = library.user_api == "openmp"
+            pools.append(_Pool(library, path, openmp, openmp and bool(torch_dir) and path.startswith(torch_dir)))
+        _controller = (libraries, controller, tuple(pools))
+    return _controller[2]
 
 
 def _torch_dir() -> str | None:
@@ -99,14 +119,12 @@ def _before() -> None:
     budget = context.options.thread_budget or default_thread_budget(context.num_workers)
     state = forkstate.record()
     pinned_paths = frozenset(state.gomp_unsafe)
-    torch_dir = _torch_dir()
     limits = []
     torch_has_openmp = torch_pinned = False
-    for library in _pools(state.libraries).lib_controllers:
-        path = os.path.realpath(library.filepath)
-        pinned = library.user_api == "openmp" and path in pinned_paths
-        limits.append((library, 1 if pinned else budget))
-        if library.user_api == "openmp" and torch_dir and path.startswith(torch_dir):
+    for pool in _pools(state.libraries):
+        pinned = pool.openmp and pool.path in pinned_paths
+        limits.append((pool.library, 1 if pinned else budget))
+        if pool.in_torch:
             torch_has_openmp = True  # the runtime bundled in torch's wheel
             torch_pinned = torch_pinned or pinned
     if not torch_has_openmp and pinned_paths:
