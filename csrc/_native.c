@@ -16,6 +16,7 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,36 @@ static PyObject *thread_ids(PyObject *self, PyObject *unused) {
     closedir(dir);
     if (PyList_Sort(result) < 0) { Py_DECREF(result); return NULL; }
     return result;
+}
+
+/* Every open descriptor as (fd, st_mode, st_dev, st_ino), for the fork hooks that must
+ * know what a worker inherited. In C because a worker runs it right after the fork:
+ * os.fstat builds a ~20-field stat_result per descriptor, and each allocation there
+ * writes to pages shared with the parent (a copy-on-write fault each). */
+static PyObject *descriptor_table(PyObject *self, PyObject *unused) {
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir == NULL) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
+    int own = dirfd(dir);
+    PyObject *result = PyList_New(0);
+    if (result == NULL) { closedir(dir); return NULL; }
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        char *end;
+        long fd = strtol(entry->d_name, &end, 10);
+        if (entry->d_name[0] == '\0' || *end != '\0' || fd == own) continue;  /* ".", "..", the listing's own */
+        struct stat st;
+        if (fstat((int)fd, &st) != 0) continue;  /* closed meanwhile */
+        PyObject *item = Py_BuildValue("(lIKK)", fd, (unsigned int)st.st_mode, (unsigned long long)st.st_dev,
+                                       (unsigned long long)st.st_ino);
+        if (item == NULL || PyList_Append(result, item) < 0) {
+            Py_XDECREF(item); Py_DECREF(result); closedir(dir); return NULL;
+        }
+        Py_DECREF(item);
+    }
+    closedir(dir);
+    PyObject *table = PyList_AsTuple(result);
+    Py_DECREF(result);
+    return table;
 }
 
 /* SIGCONT: when the process was last continued after a stop (Ctrl-Z, SIGSTOP),
@@ -109,6 +140,8 @@ static PyMethodDef methods[] = {
      "(counted by a pthread_atfork child handler)."},
     {"thread_ids", thread_ids, METH_NOARGS,
      "Sorted kernel thread ids of every OS thread of this process."},
+    {"descriptor_table", descriptor_table, METH_NOARGS,
+     "Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."},
     {"install_continue_handler", install_continue_handler, METH_NOARGS,
      "install_continue_handler() -> True: record the time of each SIGCONT (chaining a previous handler)."},
     {"last_continued", last_continued, METH_NOARGS,

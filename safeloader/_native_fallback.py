@@ -30,6 +30,19 @@ def thread_ids() -> list[int]:
     return sorted(int(name) for name in os.listdir("/proc/self/task"))
 
 
+def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
+    """Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."""
+    table = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            st = os.fstat(fd)
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+        table.append((fd, st.st_mode, st.st_dev, st.st_ino))
+    return tuple(table)
+
+
 def install_backtrace_handler(signum: int, fd: int) -> bool:
     """No native backtraces without the extension: installs nothing, returns False.
 

@@ -50,6 +50,28 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
+def test_descriptor_table_agrees_and_describes_each_descriptor():
+    result = check_python(
+        BOTH
+        + """
+import socket, stat
+listener = socket.socket()
+f = open(__import__("sys").executable, "rb")
+r, w = os.pipe()
+a, b = _native.descriptor_table(), _native_fallback.descriptor_table()
+assert a == b, (a, b)
+table = {fd: (mode, dev, ino) for fd, mode, dev, ino in a}
+assert stat.S_ISSOCK(table[listener.fileno()][0]) and stat.S_ISFIFO(table[r][0]), table
+st = os.fstat(f.fileno())
+assert table[f.fileno()] == (st.st_mode, st.st_dev, st.st_ino), table
+assert sorted(table) == sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) in table), table
+print("ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok"
+
+
 def test_fork_generation_agrees_across_os_fork():
     result = check_python(
         BOTH

@@ -18,34 +18,22 @@ pid and fork generation).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from .. import native
 
 PROC_FD = "/proc/self/fd"
+AVAILABLE = os.path.isdir(PROC_FD)
+"""Whether descriptors can be listed (Linux /proc); checked once, not by each worker."""
 
-
-@dataclass(frozen=True)
-class Descriptor:
-    """An open descriptor of this process, as ``fstat`` found it."""
-
-    fd: int
-    mode: int
-    dev: int
-    ino: int
+Descriptor = tuple[int, int, int, int]
+"""An open descriptor of this process: (fd, st_mode, st_dev, st_ino), as ``fstat`` found it.
+A plain tuple: a worker builds one per descriptor right after the fork, where every
+allocation copies a page shared with the parent."""
 
 
 def scan() -> tuple[Descriptor, ...]:
-    """Every open descriptor of this process, now."""
-    table = []
-    for name in os.listdir(PROC_FD):
-        fd = int(name)
-        try:
-            st = os.fstat(fd)
-        except OSError:  # the listing's own descriptor, already closed
-            continue
-        table.append(Descriptor(fd, st.st_mode, st.st_dev, st.st_ino))
-    return tuple(table)
+    """Every open descriptor of this process, now (``native.descriptor_table``)."""
+    return native.descriptor_table()
 
 
 # ((pid, fork generation), table) of the fork whose hooks are running in this process.

@@ -76,28 +76,29 @@ class InheritedFd:
 
 def available() -> bool:
     """Whether descriptors can be listed and reopened (Linux /proc)."""
-    return os.path.isdir(_PROC_FD)
+    return _descriptors.AVAILABLE
 
 
 def regular_file_fds(table: Iterable[_descriptors.Descriptor] | None = None) -> Iterator[InheritedFd]:
     """Every descriptor of ``table`` (default: this process's, listed now) that refers to a regular file."""
     import fcntl
 
-    for entry in _descriptors.scan() if table is None else table:
-        if not stat.S_ISREG(entry.mode):
+    for fd, mode, dev, ino in _descriptors.scan() if table is None else table:
+        if not stat.S_ISREG(mode):
             continue
         try:
-            flags = fcntl.fcntl(entry.fd, fcntl.F_GETFL)
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         except OSError:  # closed meanwhile
             continue
-        yield InheritedFd(entry.fd, flags, entry.dev, entry.ino)
+        yield InheritedFd(fd, flags, dev, ino)
 
 
 _virtual_devices: frozenset[int] | None = None
 
 
-def is_virtual(entry: InheritedFd) -> bool:
-    """Whether the file lives on /proc, /sys or /dev."""
+def _virtual_device_ids() -> frozenset[int]:
+    """Device ids of /proc, /sys and /dev: found once per process (the parent's
+    ``record_offsets`` asks first, so that workers inherit the answer)."""
     global _virtual_devices
     if _virtual_devices is None:
         devices = set()
@@ -107,7 +108,12 @@ def is_virtual(entry: InheritedFd) -> bool:
             except OSError:
                 pass
         _virtual_devices = frozenset(devices)
-    return entry.dev in _virtual_devices
+    return _virtual_devices
+
+
+def is_virtual(entry: InheritedFd) -> bool:
+    """Whether the file lives on /proc, /sys or /dev."""
+    return entry.dev in _virtual_device_ids()
 
 
 def holds_exclusive_lock(fd: int) -> bool:
@@ -169,12 +175,13 @@ _at_fork = threading.local()
 
 def record_offsets() -> None:
     """In the parent, before a worker fork: each regular file's offset, for the child."""
+    _virtual_device_ids()  # for the child's is_virtual, inherited
     offsets = {}
-    for entry in _descriptors.scan():
-        if not stat.S_ISREG(entry.mode):
+    for fd, mode, dev, ino in _descriptors.scan():
+        if not stat.S_ISREG(mode):
             continue
         try:
-            offsets[entry.fd] = (entry.dev, entry.ino, os.lseek(entry.fd, 0, os.SEEK_CUR))
+            offsets[fd] = (dev, ino, os.lseek(fd, 0, os.SEEK_CUR))
         except OSError:  # not seekable, or closed meanwhile: read in the child
             continue
     _at_fork.offsets = offsets

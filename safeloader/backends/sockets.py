@@ -71,16 +71,16 @@ def register() -> None:
 
 def sever_inherited_connections() -> None:
     """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
-    if not os.path.isdir(_descriptors.PROC_FD):
+    if not _descriptors.AVAILABLE:
         return
     severed = 0
     # Listed once for this fork; the "files" hook reads the same list after this one.
-    for entry in _descriptors.inherited():
-        if not stat.S_ISSOCK(entry.mode):
+    for fd, mode, _, _ in _descriptors.inherited():
+        if not stat.S_ISSOCK(mode):
             continue
-        family = _connected_tcp_family(entry.fd)
+        family = _connected_tcp_family(fd)
         if family is not None:
-            os.dup2(_stand_in(family).fileno(), entry.fd, inheritable=os.get_inheritable(entry.fd))
+            os.dup2(_stand_in(family).fileno(), fd, inheritable=os.get_inheritable(fd))
             severed += 1
     if severed and "http.client" in sys.modules:
         _reconnect_http_client_connections()
