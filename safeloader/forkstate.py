@@ -33,6 +33,7 @@ import platform
 import sys
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import native
 
@@ -181,6 +182,8 @@ class _DynamicLinker:
         self._realpaths: dict[bytes, str] = {}
         # The last full list, with the loader's (loads, unloads) counters when it was taken.
         self._loaded: tuple[tuple[int, int] | None, tuple[str, ...]] = (None, ())
+        self._first: Any = None  # the ctypes callback of _counters, made once
+        self._found: tuple[int, int] | None = None
 
     def _realpath(self, name: bytes) -> str:
         # Per fork, dladdr answers the same few libraries: resolve each path once
@@ -199,15 +202,17 @@ class _DynamicLinker:
     def _counters(self) -> tuple[int, int] | None:
         """glibc's counts of objects loaded and unloaded so far, read from the first
         object the iteration visits (which then stops); None where not provided."""
-        found: list[tuple[int, int]] = []
+        if self._first is None:  # one callback for the process: each new one is a libffi closure
 
-        def first(info, size, data):  # type: ignore[no-untyped-def]
-            if size >= self._counters_size:
-                found.append((info.contents.dlpi_adds, info.contents.dlpi_subs))
-            return 1  # stop: one object tells
+            def first(info, size, data):  # type: ignore[no-untyped-def]
+                found = info.contents
+                self._found = (found.dlpi_adds, found.dlpi_subs) if size >= self._counters_size else None
+                return 1  # stop: one object tells
 
-        self._iterate(self._callback_type(first), None)
-        return found[0] if found else None
+            self._first = self._callback_type(first)
+        self._found = None
+        self._iterate(self._first, None)
+        return self._found
 
     def loaded(self) -> tuple[str, ...]:
         """Paths of the loaded objects, in load order. Listed again only when something
