@@ -112,16 +112,31 @@ class _Gate:
             self.condition.notify_all()
 
 
-_gate = _Gate()
+_gate: _Gate | None = _Gate()  # None in a fresh worker until something uses it
+_gate_lock = threading.Lock()  # makes the worker's gate; a fresh one in each worker
 _original: Callable[..., Any] | None = None
 
 
+def _current_gate() -> _Gate:
+    """This process's gate. A forked worker makes its own on first use (usually never:
+    pin-memory threads run in the main process), instead of at every fork."""
+    global _gate
+    gate = _gate
+    if gate is None:
+        with _gate_lock:
+            if _gate is None:
+                _gate = _Gate()
+            gate = _gate
+    return gate
+
+
 def _gated_pin_memory(data: Any, device: Any = None) -> Any:
-    counted = _gate.enter()
+    gate = _current_gate()
+    counted = gate.enter()
     try:
         return _original(data, device)  # type: ignore[misc]
     finally:
-        _gate.leave(counted)
+        gate.leave(counted)
 
 
 def gated() -> bool:
@@ -162,7 +177,7 @@ def prepare_start(loader: Any, start_method: str) -> None:
 def _before() -> None:
     if not gated():
         return
-    if not _gate.close(WAIT_SECONDS):
+    if not _current_gate().close(WAIT_SECONDS):
         warnings.warn(
             f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
             "forking the DataLoader worker anyway (it may hang if that thread holds a C library lock)",
@@ -173,13 +188,18 @@ def _before() -> None:
 
 def _after_in_parent() -> None:
     # Only this thread's own close: its `before` may have found no gate to close.
-    _gate.open()
+    _current_gate().open()
+
+
+_parent_gate: _Gate | None = None  # in a worker: the inherited gate, kept (freeing it would copy its pages)
 
 
 def _after_in_child() -> None:
-    global _gate
-    # The child has none of the parent's pin threads; start from an open gate.
-    _gate = _Gate()
+    global _gate, _gate_lock, _parent_gate
+    # The child has none of the parent's pin threads: it starts from an open gate,
+    # made on first use. A fresh lock too: another thread may have held the parent's.
+    _gate_lock = threading.Lock()
+    _parent_gate, _gate = _gate, None
 
 
 def status() -> str:
