@@ -63,6 +63,9 @@ class _Gate:
         # start workers from two threads at once; the gate opens when both are done.
         self.closers: dict[int, int] = {}
         self.local = threading.local()  # .depth: pin_memory() recurses into containers
+        # Threads waiting on the condition: with none (every fork but a rare one), open()
+        # and leave() skip notify_all, which is most of a fork's cost here.
+        self.waiting = 0
 
     def _held_for(self, me: int) -> bool:
         # A forking thread's own calls pass: it never waits for itself.
@@ -75,7 +78,7 @@ class _Gate:
             me = threading.get_ident()
             with self.condition:
                 while self._held_for(me):
-                    self.condition.wait()
+                    self._wait()
                 self.inside += 1
         self.local.depth = depth + 1
         return depth == 0
@@ -86,7 +89,7 @@ class _Gate:
             return
         with self.condition:
             self.inside -= 1
-            if self.inside == 0:
+            if self.inside == 0 and self.waiting:
                 self.condition.notify_all()
 
     def close(self, timeout: float) -> bool:
@@ -96,7 +99,13 @@ class _Gate:
         with self.condition:
             self.closers[me] = self.closers.get(me, 0) + 1
             mine = getattr(self.local, "depth", 0) > 0  # never wait for ourselves
-            return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
+            if self.inside <= int(mine):
+                return True  # nothing in progress: the usual case
+            self.waiting += 1
+            try:
+                return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
+            finally:
+                self.waiting -= 1
 
     def open(self) -> None:
         """Undo this thread's last ``close()``; a no-op for a thread that did not close."""
@@ -109,7 +118,16 @@ class _Gate:
                 del self.closers[me]
             else:
                 self.closers[me] = count - 1
-            self.condition.notify_all()
+            if self.waiting:
+                self.condition.notify_all()
+
+    def _wait(self) -> None:
+        """condition.wait(), counted in ``waiting`` (the condition's lock held)."""
+        self.waiting += 1
+        try:
+            self.condition.wait()
+        finally:
+            self.waiting -= 1
 
 
 _gate: _Gate | None = _Gate()  # None in a fresh worker until something uses it
