@@ -32,6 +32,7 @@ __all__ = [
     "install_backtrace_handler",
     "install_continue_handler",
     "last_continued",
+    "regular_file_offsets",
     "signal_thread",
     "thread_census",
     "thread_ids",
@@ -60,6 +61,15 @@ def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
     per descriptor, hence few pages written that the parent shares.
     """
     return _impl.descriptor_table()
+
+
+def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
+    """``(fd, st_dev, st_ino, offset)`` of every descriptor open on a seekable regular file.
+
+    With the C extension, one call that keeps the GIL: the parent runs it before each
+    worker fork, and a GIL released per file could be held by another thread meanwhile.
+    """
+    return _impl.regular_file_offsets()
 
 
 def install_backtrace_handler(signum: int, fd: int) -> bool:

@@ -72,6 +72,27 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
+def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
+    result = check_python(
+        BOTH
+        + """
+import sys
+f = open(sys.executable, "rb")
+f.read(1000)
+r, w = os.pipe()
+a, b = _native.regular_file_offsets(), _native_fallback.regular_file_offsets()
+assert a == b, (a, b)
+found = {fd: (dev, ino, offset) for fd, dev, ino, offset in a}
+st = os.fstat(f.fileno())
+assert found[f.fileno()] == (st.st_dev, st.st_ino, os.lseek(f.fileno(), 0, os.SEEK_CUR)), found
+assert r not in found and w not in found, found
+print("ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok"
+
+
 def test_fork_generation_agrees_across_os_fork():
     result = check_python(
         BOTH

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _registry
+from .. import _registry, native
 from . import _descriptors
 
 _PROC_FD = _descriptors.PROC_FD
@@ -139,8 +139,13 @@ def holds_exclusive_lock(fd: int) -> bool:
         return False
     finally:
         os.close(info)
-    # "lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF"
-    return any(line.startswith(b"lock:") and b" WRITE " in line for line in text.split(b"\n"))
+    for line in text.split(b"\n"):
+        # b"lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". POSIX (fcntl) locks belong
+        # to the process, not to the description: a worker holds none of them, and is not skipped.
+        fields = line.split()
+        if len(fields) > 4 and fields[0] == b"lock:" and fields[2] in (b"FLOCK", b"OFDLCK") and b"WRITE" in fields:
+            return True
+    return False
 
 
 # Descriptors already privatized in this process; a fork starts a fresh set.
@@ -176,15 +181,8 @@ _at_fork = threading.local()
 def record_offsets() -> None:
     """In the parent, before a worker fork: each regular file's offset, for the child."""
     _virtual_device_ids()  # for the child's is_virtual, inherited
-    offsets = {}
-    for fd, mode, dev, ino in _descriptors.scan():
-        if not stat.S_ISREG(mode):
-            continue
-        try:
-            offsets[fd] = (dev, ino, os.lseek(fd, 0, os.SEEK_CUR))
-        except OSError:  # not seekable, or closed meanwhile: read in the child
-            continue
-    _at_fork.offsets = offsets
+    # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
+    _at_fork.offsets = {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
 
 
 def forget_offsets() -> None:
