@@ -5,7 +5,9 @@
 Unlike the difference of two first-batch medians (bench_startup), which a
 busy machine drowns in noise, this times the three hook phases of each real
 worker fork (``before`` and ``after_in_parent`` in the parent,
-``after_in_child`` in the worker) and reports the median sum per worker.
+``after_in_child`` in the worker) and reports the median sum per worker, in
+wall time and in CPU time (the thread's own: on a loaded machine wall time
+also counts the time the OS ran other processes instead).
 Every library with a backend that is installed is imported first, and the
 Dataset holds an HTTP keep-alive session, an fsspec filesystem and an LMDB
 environment, so each hook has something to do.
@@ -28,6 +30,7 @@ from safeloader import _registry
 LIBRARIES = ("numpy", "h5py", "zarr", "zarrs", "threadpoolctl", "requests", "fsspec", "fsspec.asyn", "lmdb")
 
 _phase_seconds: dict[str, float] = {}
+_phase_cpu: dict[str, float] = {}  # the same phases, CPU time of the forking (or worker's) thread
 _hook_seconds: dict[str, float] = {}  # hook name -> seconds, all phases
 
 
@@ -56,17 +59,18 @@ def _time_each_hook() -> None:
 
 def _timed_run_phase(original):
     def run_phase(phase, context):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return original(phase, context)
         finally:
             _phase_seconds[phase] = _phase_seconds.get(phase, 0.0) + time.perf_counter() - start
+            _phase_cpu[phase] = _phase_cpu.get(phase, 0.0) + time.thread_time() - cpu
 
     return run_phase
 
 
 class Holder(torch.utils.data.Dataset):
-    """Holds the handles; item: (worker pid, its after_in_child time in seconds)."""
+    """Holds the handles; item: (worker pid, its after_in_child wall and CPU seconds, per-hook seconds)."""
 
     def __init__(self, directory: str) -> None:
         import lmdb
@@ -83,8 +87,9 @@ class Holder(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 64
 
-    def __getitem__(self, index: int) -> tuple[int, float, dict[str, float]]:
-        return os.getpid(), _phase_seconds.get("after_in_child", 0.0), dict(_hook_seconds)
+    def __getitem__(self, index: int) -> tuple[int, float, float, dict[str, float]]:
+        return (os.getpid(), _phase_seconds.get("after_in_child", 0.0), _phase_cpu.get("after_in_child", 0.0),
+                dict(_hook_seconds))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -103,29 +108,37 @@ def main(argv: list[str] | None = None) -> dict:
     _registry._run_phase = _timed_run_phase(_registry._run_phase)
     _time_each_hook()
     per_worker = []
+    per_worker_cpu = []
     per_hook: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as directory:
         dataset = Holder(directory)
         for _ in range(args.repeats):
             _phase_seconds.clear()
+            _phase_cpu.clear()
             _hook_seconds.clear()
             loader = safeloader.DataLoader(dataset, batch_size=None, num_workers=args.workers,
                                            disable_hooks=tuple(args.without))
-            items = {pid: (seconds, hooks) for pid, seconds, hooks in loader}  # one per worker
-            child = [seconds for seconds, _ in items.values()]
-            for _, hooks in items.values():
+            items = {pid: (seconds, cpu, hooks) for pid, seconds, cpu, hooks in loader}  # one per worker
+            child = [seconds for seconds, _, _ in items.values()]
+            child_cpu = [cpu for _, cpu, _ in items.values()]
+            for _, _, hooks in items.values():
                 for name, seconds in hooks.items():
                     per_hook.setdefault(name, []).append(seconds + _hook_seconds.get(name, 0.0) / args.workers)
             parent = _phase_seconds.get("before", 0.0) + _phase_seconds.get("after_in_parent", 0.0)
             per_worker.append(parent / args.workers + statistics.median(child))
+            parent_cpu = _phase_cpu.get("before", 0.0) + _phase_cpu.get("after_in_parent", 0.0)
+            per_worker_cpu.append(parent_cpu / args.workers + statistics.median(child_cpu))
     median = statistics.median(per_worker)
     print(f"imported: {', '.join(imported)}; pid {os.getpid()}")
     print(f"hooks: {', '.join(h.name for h in safeloader.hooks() if h.active and h.name not in args.without)}")
     print(f"hook time per worker fork: median {median * 1e3:.3f} ms, min {min(per_worker) * 1e3:.3f} ms, "
           f"max {max(per_worker) * 1e3:.3f} ms over {args.repeats} loaders x {args.workers} workers")
+    print(f"CPU time per worker fork:  median {statistics.median(per_worker_cpu) * 1e3:.3f} ms, "
+          f"min {min(per_worker_cpu) * 1e3:.3f} ms, max {max(per_worker_cpu) * 1e3:.3f} ms")
     for name, values in sorted(per_hook.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"  {name:<12} {statistics.median(values) * 1e3:8.3f} ms")
-    return {"per_worker_s": per_worker, "median_s": median,
+    return {"per_worker_s": per_worker, "median_s": median, "per_worker_cpu_s": per_worker_cpu,
+            "median_cpu_s": statistics.median(per_worker_cpu),
             "per_hook_median_s": {name: statistics.median(v) for name, v in per_hook.items()}}
 
 

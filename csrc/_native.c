@@ -54,6 +54,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -118,6 +120,56 @@ static PyObject *thread_ids(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unuse
     closedir(dir);
     if (PyList_Sort(result) < 0) { Py_DECREF(result); return NULL; }
     return result;
+}
+
+/* Every open descriptor as (fd, st_mode, st_dev, st_ino), for the fork hooks that must
+ * know what a worker inherited. In C because a worker runs it right after the fork:
+ * os.fstat builds a ~20-field stat_result per descriptor, and each allocation there
+ * writes to pages shared with the parent (a copy-on-write fault each). */
+static PyObject *list_descriptors(int offsets);
+
+static PyObject *descriptor_table(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) { return list_descriptors(0); }
+
+/* (fd, st_dev, st_ino, offset) of every descriptor open on a regular file that can seek: what
+ * the parent records before each worker fork. In C also so that the GIL is held throughout:
+ * os.lseek releases it per file, and another Python thread may then keep it for milliseconds. */
+static PyObject *regular_file_offsets(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+    return list_descriptors(1);
+}
+
+static PyObject *list_descriptors(int offsets) {
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir == NULL) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
+    int own = dirfd(dir);
+    PyObject *result = PyList_New(0);
+    if (result == NULL) { closedir(dir); return NULL; }
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        char *end;
+        long fd = strtol(entry->d_name, &end, 10);
+        if (entry->d_name[0] == '\0' || *end != '\0' || fd == own) continue;  /* ".", "..", the listing's own */
+        struct stat st;
+        if (fstat((int)fd, &st) != 0) continue;  /* closed meanwhile */
+        PyObject *item;
+        if (offsets) {
+            if (!S_ISREG(st.st_mode)) continue;
+            off_t offset = lseek((int)fd, 0, SEEK_CUR);
+            if (offset < 0) continue;  /* cannot seek: the worker reads its own offset */
+            item = Py_BuildValue("(lKKL)", fd, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                                 (long long)offset);
+        } else {
+            item = Py_BuildValue("(lIKK)", fd, (unsigned int)st.st_mode, (unsigned long long)st.st_dev,
+                                 (unsigned long long)st.st_ino);
+        }
+        if (item == NULL || PyList_Append(result, item) < 0) {
+            Py_XDECREF(item); Py_DECREF(result); closedir(dir); return NULL;
+        }
+        Py_DECREF(item);
+    }
+    closedir(dir);
+    PyObject *table = PyList_AsTuple(result);
+    Py_DECREF(result);
+    return table;
 }
 
 /* ---- SIGCONT ----
@@ -211,6 +263,12 @@ static PyMethodDef methods[] = {
     {"thread_ids", thread_ids, METH_NOARGS,
      "thread_ids($module, /)\n--\n\n"
      "Sorted kernel thread ids of every OS thread of this process."},
+    {"descriptor_table", descriptor_table, METH_NOARGS,
+     "descriptor_table($module, /)\n--\n\n"
+     "Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."},
+    {"regular_file_offsets", regular_file_offsets, METH_NOARGS,
+     "regular_file_offsets($module, /)\n--\n\n"
+     "(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file, in listing order."},
     {"install_continue_handler", install_continue_handler, METH_NOARGS,
      "install_continue_handler($module, /)\n--\n\n"
      "install_continue_handler() -> True: record the time of each SIGCONT (chaining a previous handler)."},

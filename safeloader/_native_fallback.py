@@ -8,6 +8,7 @@ driven by ``os.register_at_fork``, so it misses forks that bypass ``os.fork``
 from __future__ import annotations
 
 import os
+import stat
 
 _fork_generation = 0
 
@@ -28,6 +29,32 @@ def fork_generation() -> int:
 def thread_ids() -> list[int]:
     """Sorted kernel thread ids of every OS thread of this process."""
     return sorted(int(name) for name in os.listdir("/proc/self/task"))
+
+
+def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
+    """Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."""
+    table = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            st = os.fstat(fd)
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+        table.append((fd, st.st_mode, st.st_dev, st.st_ino))
+    return tuple(table)
+
+
+def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
+    """(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file."""
+    found = []
+    for fd, mode, dev, ino in descriptor_table():
+        if not stat.S_ISREG(mode):
+            continue
+        try:
+            found.append((fd, dev, ino, os.lseek(fd, 0, os.SEEK_CUR)))
+        except OSError:  # cannot seek, or closed meanwhile
+            continue
+    return tuple(found)
 
 
 def install_backtrace_handler(signum: int, fd: int) -> bool:

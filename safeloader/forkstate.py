@@ -154,25 +154,68 @@ class _DynamicLinker:
             )
 
         class PhdrInfo(ctypes.Structure):
-            _fields_ = (("dlpi_addr", ctypes.c_void_p), ("dlpi_name", ctypes.c_char_p))  # leading fields only
+            _fields_ = (  # the fields up to the load counters (glibc >= 2.4), in their C layout
+                ("dlpi_addr", ctypes.c_void_p),
+                ("dlpi_name", ctypes.c_char_p),
+                ("dlpi_phdr", ctypes.c_void_p),
+                ("dlpi_phnum", ctypes.c_uint16),
+                ("dlpi_adds", ctypes.c_ulonglong),
+                ("dlpi_subs", ctypes.c_ulonglong),
+            )
 
         libc = ctypes.CDLL(None)
         self._ctypes = ctypes
         self._info_type = DlInfo
+        self._counters_size = PhdrInfo.dlpi_subs.offset + ctypes.sizeof(ctypes.c_ulonglong)
         self._dladdr = libc.dladdr
         self._dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(DlInfo))
         self._dladdr.restype = ctypes.c_int
         self._callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(PhdrInfo), ctypes.c_size_t, ctypes.c_void_p)
         self._iterate = libc.dl_iterate_phdr
         self._iterate.argtypes = (self._callback_type, ctypes.c_void_p)
+        self._iterate.restype = ctypes.c_int
+        self._realpaths: dict[bytes, str] = {}
+        # The last full list, with the loader's (loads, unloads) counters when it was taken.
+        self._loaded: tuple[tuple[int, int] | None, tuple[str, ...]] = (None, ())
+        self._first: Any = None  # the ctypes callback of _counters, made once
+        self._found: tuple[int, int] | None = None
+
+    def _realpath(self, name: bytes) -> str:
+        # Per fork, dladdr answers the same few libraries: resolve each path once
+        # (realpath is an lstat per path component).
+        path = self._realpaths.get(name)
+        if path is None:
+            path = self._realpaths[name] = os.path.realpath(os.fsdecode(name))
+        return path
 
     def library_at(self, address: int) -> str | None:
         info = self._info_type()
         if not self._dladdr(address, self._ctypes.byref(info)) or not info.dli_fname:
             return None
-        return os.path.realpath(os.fsdecode(info.dli_fname))
+        return self._realpath(info.dli_fname)
+
+    def _counters(self) -> tuple[int, int] | None:
+        """glibc's counts of objects loaded and unloaded so far, read from the first
+        object the iteration visits (which then stops); None where not provided."""
+        if self._first is None:  # one callback for the process: each new one is a libffi closure
+
+            def first(info: Any, size: int, data: Any) -> int:
+                found = info.contents
+                self._found = (found.dlpi_adds, found.dlpi_subs) if size >= self._counters_size else None
+                return 1  # stop: one object tells
+
+            self._first = self._callback_type(first)
+        self._found = None
+        self._iterate(self._first, None)
+        return self._found
 
     def loaded(self) -> tuple[str, ...]:
+        """Paths of the loaded objects, in load order. Listed again only when something
+        was loaded or unloaded since the last call: a full walk costs about 1 ms per
+        fork in a torch process (one Python callback per object), the check 20 µs."""
+        counters = self._counters()
+        if counters is not None and counters == self._loaded[0]:
+            return self._loaded[1]
         names: list[str] = []
 
         def visit(info: Any, size: int, data: Any) -> int:
@@ -182,7 +225,8 @@ class _DynamicLinker:
             return 0
 
         self._iterate(self._callback_type(visit), None)
-        return tuple(names)
+        self._loaded = (counters, tuple(names))
+        return self._loaded[1]
 
 
 _linker: _DynamicLinker | None = None
@@ -212,6 +256,18 @@ def _native_thread(tid: int, name: str) -> ForeignThread:
 
 def _is_gomp(path: str) -> bool:
     return os.path.basename(path).startswith(_GOMP_PREFIX)
+
+
+_gomp_of: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (libraries, their libgomp copies)
+
+
+def _gomp_loaded(libraries: tuple[str, ...]) -> tuple[str, ...]:
+    """Real paths of the libgomp copies among ``libraries``; the same tuple as last
+    time (``_DynamicLinker.loaded`` returns it while nothing is loaded) costs nothing."""
+    global _gomp_of
+    if libraries is not _gomp_of[0]:
+        _gomp_of = (libraries, tuple(sorted({os.path.realpath(p) for p in libraries if _is_gomp(p)})))
+    return _gomp_of[1]
 
 
 def _pools() -> tuple[tuple[Pool, ...] | None, str | None]:
@@ -260,7 +316,7 @@ def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
     with fork_guard():
         threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
         libraries = _dynamic_linker().loaded()
-    gomp_loaded = tuple(sorted({os.path.realpath(p) for p in libraries if _is_gomp(p)}))
+    gomp_loaded = _gomp_loaded(libraries)
     gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
     notes = []
     # A thread we cannot attribute might be an OpenMP pool thread: assume the worst.

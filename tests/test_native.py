@@ -52,6 +52,49 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
+def test_descriptor_table_agrees_and_describes_each_descriptor():
+    result = check_python(
+        BOTH
+        + """
+import socket, stat
+listener = socket.socket()
+f = open(__import__("sys").executable, "rb")
+r, w = os.pipe()
+a, b = _native.descriptor_table(), _native_fallback.descriptor_table()
+assert a == b, (a, b)
+table = {fd: (mode, dev, ino) for fd, mode, dev, ino in a}
+assert stat.S_ISSOCK(table[listener.fileno()][0]) and stat.S_ISFIFO(table[r][0]), table
+st = os.fstat(f.fileno())
+assert table[f.fileno()] == (st.st_mode, st.st_dev, st.st_ino), table
+assert sorted(table) == sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) in table), table
+print("ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok"
+
+
+def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
+    result = check_python(
+        BOTH
+        + """
+import sys
+f = open(sys.executable, "rb")
+f.read(1000)
+r, w = os.pipe()
+a, b = _native.regular_file_offsets(), _native_fallback.regular_file_offsets()
+assert a == b, (a, b)
+found = {fd: (dev, ino, offset) for fd, dev, ino, offset in a}
+st = os.fstat(f.fileno())
+assert found[f.fileno()] == (st.st_dev, st.st_ino, os.lseek(f.fileno(), 0, os.SEEK_CUR)), found
+assert r not in found and w not in found, found
+print("ok")
+""",
+        timeout=30,
+    )
+    assert result.stdout.strip() == "ok"
+
+
 def test_fork_generation_agrees_across_os_fork():
     result = check_python(
         BOTH

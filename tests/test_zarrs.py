@@ -171,7 +171,7 @@ from safeloader.backends import zarrs as backend
 assert not next(h for h in safeloader.hooks() if h.name == "zarrs").active
 loader = safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=2)
 assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-print(sorted(m for m in ("zarr", "zarrs") if m in sys.modules), backend._copy_fd, backend._resolved)
+print(sorted(m for m in ("zarr", "zarrs") if m in sys.modules), backend._spare, backend._resolved)
 """,
         timeout=60,
     )
@@ -517,15 +517,39 @@ def test_unexpected_extension_layout_falls_back_to_serial_with_one_warning(array
     assert "zarrs._internal must be loaded from a file" in str(fallbacks[0].message)
 
 
-def test_worker_that_cannot_load_its_copy_decodes_serially(arrays, monkeypatch):
+def test_worker_that_cannot_install_its_copy_decodes_serially(arrays, monkeypatch):
+    reference = parent_decodes(arrays["plain"])
+
+    def broken(*args):
+        raise ImportError("simulated")
+
+    monkeypatch.setattr(zarrs_native, "install_copy", broken)  # inherited by the forked workers
+    loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
+    check_reads(list(loader), reference, mode="serial")
+
+
+def test_parent_that_cannot_load_the_copy_falls_back_to_serial_with_one_warning(arrays, monkeypatch):
     reference = parent_decodes(arrays["plain"])
 
     def broken(fd: int):
         raise ImportError("simulated")
 
-    monkeypatch.setattr(zarrs_native, "load_copy", broken)  # inherited by the forked workers
+    monkeypatch.setattr(zarrs_native, "load_copy", broken)
+    monkeypatch.setattr(backend, "_spare", None)  # as in a process that has not loaded it yet
     loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
-    check_reads(list(loader), reference, mode="serial")
+    items, fallbacks = run_collecting_warnings(loader)
+    check_reads(items, reference, mode="serial")
+    assert len(fallbacks) == 1
+    assert "a loadable copy of" in str(fallbacks[0].message) and "simulated" in str(fallbacks[0].message)
+
+
+def test_every_worker_installs_the_one_spare_copy_the_parent_loaded(arrays):
+    reference = parent_decodes(arrays["plain"])
+    for _ in range(2):  # a second loader reuses the spare: the parent never used it
+        check_reads(list(DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2)), reference, mode="pool")
+    spare = backend._spare
+    assert spare is not None and spare is not sys.modules["zarrs._internal"]
+    assert spare.__file__ == sys.modules["zarrs._internal"].__file__
 
 
 def test_no_mode_possible_raises_in_the_parent_instead_of_hanging(arrays, monkeypatch):

@@ -31,15 +31,17 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _registry
+from .. import _registry, native
+from . import _descriptors
 
-_PROC_FD = "/proc/self/fd"
+_PROC_FD = _descriptors.PROC_FD
 # Filesystems whose content the kernel generates: an offset there is not shared data.
 _VIRTUAL_MOUNTS = ("/proc", "/sys", "/dev")
+_FDINFO_READ = 65536
 # File status flags a fresh description should keep (access mode set separately).
 _KEPT_STATUS_FLAGS = (
     getattr(os, "O_NONBLOCK", 0)
@@ -74,30 +76,29 @@ class InheritedFd:
 
 def available() -> bool:
     """Whether descriptors can be listed and reopened (Linux /proc)."""
-    return os.path.isdir(_PROC_FD)
+    return _descriptors.AVAILABLE
 
 
-def regular_file_fds() -> Iterator[InheritedFd]:
-    """Every open descriptor of this process that refers to a regular file."""
+def regular_file_fds(table: Iterable[_descriptors.Descriptor] | None = None) -> Iterator[InheritedFd]:
+    """Every descriptor of ``table`` (default: this process's, listed now) that refers to a regular file."""
     import fcntl
 
-    for name in os.listdir(_PROC_FD):
-        fd = int(name)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        except OSError:  # the listing's own descriptor, already closed
+    for fd, mode, dev, ino in _descriptors.scan() if table is None else table:
+        if not stat.S_ISREG(mode):
             continue
-        yield InheritedFd(fd, flags, st.st_dev, st.st_ino)
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:  # closed meanwhile
+            continue
+        yield InheritedFd(fd, flags, dev, ino)
 
 
 _virtual_devices: frozenset[int] | None = None
 
 
-def is_virtual(entry: InheritedFd) -> bool:
-    """Whether the file lives on /proc, /sys or /dev."""
+def _virtual_device_ids() -> frozenset[int]:
+    """Device ids of /proc, /sys and /dev: found once per process (the parent's
+    ``record_offsets`` asks first, so that workers inherit the answer)."""
     global _virtual_devices
     if _virtual_devices is None:
         devices = set()
@@ -107,36 +108,44 @@ def is_virtual(entry: InheritedFd) -> bool:
             except OSError:
                 pass
         _virtual_devices = frozenset(devices)
-    return entry.dev in _virtual_devices
+    return _virtual_devices
 
 
-def exclusively_locked_inodes() -> frozenset[int]:
-    """Inode numbers with a write (exclusive) flock or OFD lock, from /proc/locks."""
-    try:
-        with open("/proc/locks", "rb") as locks:
-            lines = locks.read().split(b"\n")
-    except OSError:
-        return frozenset()
-    inodes = set()
-    for line in lines:
-        fields = line.split()
-        # b"1:", b"FLOCK", b"ADVISORY", b"WRITE", pid, b"maj:min:inode", start, end
-        if len(fields) >= 6 and fields[1] in (b"FLOCK", b"OFDLCK") and b"WRITE" in fields:
-            device_inode = next((f for f in fields if f.count(b":") == 2), None)
-            if device_inode is not None:
-                inodes.add(int(device_inode.rsplit(b":", 1)[1]))
-    return frozenset(inodes)
+def is_virtual(entry: InheritedFd) -> bool:
+    """Whether the file lives on /proc, /sys or /dev."""
+    return entry.dev in _virtual_device_ids()
 
 
 def holds_exclusive_lock(fd: int) -> bool:
     """Whether this descriptor's open file description holds a write (exclusive)
     flock or OFD lock. Such a description is a lock, not a data handle: a worker
-    that re-locked a private copy would block on the parent's lock."""
+    that re-locked a private copy would block on the parent's lock.
+
+    Read from ``/proc/self/fdinfo/<fd>`` (one small read, about 10 µs), never
+    from ``/proc/locks``: reading that takes the kernel's global file-lock
+    semaphore for writing, which waits for an RCU grace period (milliseconds,
+    tens of them on a busy machine) and stalls every lock call on the system.
+    """
     try:
-        with open(f"/proc/self/fdinfo/{fd}") as info:
-            return any(line.startswith("lock:") and " WRITE " in line for line in info)
+        info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        text = chunk = os.read(info, _FDINFO_READ)
+        while len(chunk) == _FDINFO_READ:  # a short read is the end: one read unless it holds many locks
+            chunk = os.read(info, _FDINFO_READ)
+            text += chunk
+    except OSError:
+        return False
+    finally:
+        os.close(info)
+    for line in text.split(b"\n"):
+        # b"lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". POSIX (fcntl) locks belong
+        # to the process, not to the description: a worker holds none of them, and is not skipped.
+        fields = line.split()
+        if len(fields) > 4 and fields[0] == b"lock:" and fields[2] in (b"FLOCK", b"OFDLCK") and b"WRITE" in fields:
+            return True
+    return False
 
 
 # Descriptors already privatized in this process; a fork starts a fresh set.
@@ -171,13 +180,9 @@ _at_fork = threading.local()
 
 def record_offsets() -> None:
     """In the parent, before a worker fork: each regular file's offset, for the child."""
-    offsets = {}
-    for entry in regular_file_fds():
-        try:
-            offsets[entry.fd] = (entry.dev, entry.ino, os.lseek(entry.fd, 0, os.SEEK_CUR))
-        except OSError:  # not seekable, or closed meanwhile: read in the child
-            continue
-    _at_fork.offsets = offsets
+    _virtual_device_ids()  # for the child's is_virtual, inherited
+    # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
+    _at_fork.offsets = {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
 
 
 def forget_offsets() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from .. import hook_names
 from .._options import Options
 from .._registry import fork_context
-from . import _reopen
+from . import _descriptors, _reopen
 from ._backend import Backend
 
 NAME = hook_names.FILES
@@ -53,15 +53,16 @@ def privatize_inherited_files() -> None:
     context = fork_context()
     worker = context.worker_id if context is not None else None
     done = _reopen.private_fds()
-    locked: frozenset[int] | None = None
-    for entry in _reopen.regular_file_fds():
-        if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
-            continue
-        if locked is None:
-            locked = _reopen.exclusively_locked_inodes()
-        if entry.ino in locked and _reopen.holds_exclusive_lock(entry.fd):
-            continue
-        _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
+    try:
+        # The table the "sockets" hook listed for this fork, if it ran: one listing per worker.
+        for entry in _reopen.regular_file_fds(_descriptors.inherited()):
+            if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
+                continue
+            if _reopen.holds_exclusive_lock(entry.fd):
+                continue
+            _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
+    finally:
+        _descriptors.forget()  # the last hook of this fork to read it
 
 
 def prepare_start(loader: Any, options: Options, start_method: str) -> None:

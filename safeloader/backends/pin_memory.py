@@ -67,6 +67,9 @@ class _Gate:
         # start workers from two threads at once; the gate opens when both are done.
         self.closers: dict[int, int] = {}
         self.local = threading.local()  # .depth: pin_memory() recurses into containers
+        # Threads waiting on the condition: with none (every fork but a rare one), open()
+        # and leave() skip notify_all, which is most of a fork's cost here.
+        self.waiting = 0
 
     def _held_for(self, me: int) -> bool:
         # A forking thread's own calls pass: it never waits for itself.
@@ -79,7 +82,7 @@ class _Gate:
             me = threading.get_ident()
             with self.condition:
                 while self._held_for(me):
-                    self.condition.wait()
+                    self._wait()
                 self.inside += 1
         self.local.depth = depth + 1
         return depth == 0
@@ -90,7 +93,7 @@ class _Gate:
             return
         with self.condition:
             self.inside -= 1
-            if self.inside == 0:
+            if self.inside == 0 and self.waiting:
                 self.condition.notify_all()
 
     def close(self, timeout: float) -> bool:
@@ -100,7 +103,13 @@ class _Gate:
         with self.condition:
             self.closers[me] = self.closers.get(me, 0) + 1
             mine = getattr(self.local, "depth", 0) > 0  # never wait for ourselves
-            return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
+            if self.inside <= int(mine):
+                return True  # nothing in progress: the usual case
+            self.waiting += 1
+            try:
+                return self.condition.wait_for(lambda: self.inside <= int(mine), timeout)
+            finally:
+                self.waiting -= 1
 
     def open(self) -> None:
         """Undo this thread's last ``close()``; a no-op for a thread that did not close."""
@@ -113,19 +122,43 @@ class _Gate:
                 del self.closers[me]
             else:
                 self.closers[me] = count - 1
-            self.condition.notify_all()
+            if self.waiting:
+                self.condition.notify_all()
+
+    def _wait(self) -> None:
+        """condition.wait(), counted in ``waiting`` (the condition's lock held)."""
+        self.waiting += 1
+        try:
+            self.condition.wait()
+        finally:
+            self.waiting -= 1
 
 
-_gate = _Gate()
+_gate: _Gate | None = _Gate()  # None in a fresh worker until something uses it
+_gate_lock = threading.Lock()  # makes the worker's gate; a fresh one in each worker
 _original: Callable[..., Any] | None = None
 
 
+def _current_gate() -> _Gate:
+    """This process's gate. A forked worker makes its own on first use (usually never:
+    pin-memory threads run in the main process), instead of at every fork."""
+    global _gate
+    gate = _gate
+    if gate is None:
+        with _gate_lock:
+            if _gate is None:
+                _gate = _Gate()
+            gate = _gate
+    return gate
+
+
 def _gated_pin_memory(data: Any, device: Any = None) -> Any:
-    counted = _gate.enter()
+    gate = _current_gate()
+    counted = gate.enter()
     try:
         return _original(data, device)  # type: ignore[misc]
     finally:
-        _gate.leave(counted)
+        gate.leave(counted)
 
 
 def gated() -> bool:
@@ -166,7 +199,7 @@ def prepare_start(loader: Any, options: Options, start_method: str) -> None:
 def _before() -> None:
     if not gated():
         return
-    if not _gate.close(WAIT_SECONDS):
+    if not _current_gate().close(WAIT_SECONDS):
         warnings.warn(
             f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
             "forking the DataLoader worker anyway (it may hang if that thread holds a C library lock)",
@@ -177,13 +210,18 @@ def _before() -> None:
 
 def _after_in_parent() -> None:
     # Only this thread's own close: its `before` may have found no gate to close.
-    _gate.open()
+    _current_gate().open()
+
+
+_parent_gate: _Gate | None = None  # in a worker: the inherited gate, kept (freeing it would copy its pages)
 
 
 def _after_in_child() -> None:
-    global _gate
-    # The child has none of the parent's pin threads; start from an open gate.
-    _gate = _Gate()
+    global _gate, _gate_lock, _parent_gate
+    # The child has none of the parent's pin threads: it starts from an open gate,
+    # made on first use. A fresh lock too: another thread may have held the parent's.
+    _gate_lock = threading.Lock()
+    _parent_gate, _gate = _gate, None
 
 
 def status() -> str:

@@ -37,6 +37,7 @@ To share the parent's connections as torch does: ``disable_hooks=("sockets",)``.
 
 from __future__ import annotations
 
+import _socket
 import os
 import socket
 import stat
@@ -44,11 +45,11 @@ import sys
 from typing import Any
 
 from .. import hook_names
+from . import _descriptors
 from ._backend import Backend
 
 NAME = hook_names.SOCKETS
 
-_PROC_FD = "/proc/self/fd"
 # Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
 _TCP_CLOSE = 7
 _TCP_LISTEN = 10
@@ -65,15 +66,12 @@ _severed_inodes: set[int] = set()
 
 def sever_inherited_connections() -> None:
     """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
-    if not os.path.isdir(_PROC_FD):
+    if not _descriptors.AVAILABLE:
         return
     severed = 0
-    for name in os.listdir(_PROC_FD):
-        fd = int(name)
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-        except OSError:  # the listing's own descriptor, closed by now
+    # Listed once for this fork; the "files" hook reads the same list after this one.
+    for fd, mode, _, _ in _descriptors.inherited():
+        if not stat.S_ISSOCK(mode):
             continue
         family = _connected_tcp_family(fd)
         if family is not None:
@@ -86,7 +84,8 @@ def sever_inherited_connections() -> None:
 def _connected_tcp_family(fd: int) -> int | None:
     """The address family of ``fd`` if it is a TCP socket with (or connecting to) a peer."""
     try:
-        probe = socket.socket(fileno=fd)  # no dup: detached below, never closed
+        # The C type: no Python-level wrapper, no enum conversions (a worker pays this per socket).
+        probe = _socket.socket(fileno=fd)  # no dup: detached below, never closed
     except OSError:
         return None
     try:

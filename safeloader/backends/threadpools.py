@@ -58,8 +58,8 @@ def status() -> str:
 class _Plan:
     """Decided in the parent before a fork; the worker inherits it and only applies it."""
 
-    limits: tuple[tuple[Any, int], ...]
-    """(threadpoolctl library controller, threads) for each pool."""
+    limits: tuple[tuple[_Pool, int], ...]
+    """(pool, threads) for each pool."""
     torch_threads: int
     torch_pinned: bool
     """torch's OpenMP runtime was used by the parent: more than 1 thread would hang."""
@@ -69,22 +69,70 @@ class _Plan:
 # two loaders starting workers from two threads at once must not swap plans,
 # and a forked child keeps the forking thread's thread-locals.
 _fork = threading.local()
-_controller: tuple[tuple[str, ...], Any] | None = None  # (loaded libraries, ThreadpoolController)
+_controller: tuple[tuple[str, ...], Any, tuple[_Pool, ...]] | None = None  # (loaded libraries, controller, pools)
 
 
-def _pools(libraries: tuple[str, ...]) -> Any:
-    """threadpoolctl's controller, built once per set of loaded libraries.
+@dataclass(frozen=True)
+class _Pool:
+    """A threadpoolctl library controller and what ``_before`` asks of it, worked out once."""
+
+    library: Any
+    path: str
+    """Real path of its shared object."""
+    openmp: bool
+    in_torch: bool
+    """The OpenMP runtime bundled in torch's wheel."""
+    get_threads: Any = None
+    """The C function that returns its thread count (what threadpoolctl calls), or None."""
+    cpu_number: Any = None
+    """OpenBLAS's exported ``blas_cpu_number`` (a ctypes int), or None."""
+
+
+def _c_accessors(library: Any) -> tuple[Any, Any]:
+    """(thread-count getter, OpenBLAS's ``blas_cpu_number``) of ``library`` as ctypes
+    objects, looked up once in the parent: a worker then reads and lowers its count
+    with two C calls instead of threadpoolctl's symbol lookups on every fork.
+    (None, None) for what this does not know: the worker goes through threadpoolctl."""
+    import ctypes
+
+    dynlib = getattr(library, "dynlib", None)
+    if dynlib is None:
+        return None, None
+    if library.internal_api == "openmp":
+        return getattr(dynlib, "omp_get_max_threads", None), None
+    if library.internal_api != "openblas" or getattr(library, "threading_layer", None) == "openmp":
+        return None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
+    symbol = getattr(library, "_get_symbol", None)
+    getter = symbol("openblas_get_num_threads") if symbol is not None else None
+    try:
+        cpu_number = ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
+    except ValueError:  # symbol not exported by this build
+        cpu_number = None
+    return getter, cpu_number
+
+
+def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
+    """threadpoolctl's pools, found once per set of loaded libraries.
 
     Built in the parent and inherited: its ctypes handles stay valid in the
     child, which then only calls the set-threads functions (a worker pays
-    microseconds instead of a library scan).
+    microseconds instead of a library scan). Their real paths are resolved
+    here too, not per fork (``realpath`` is an lstat per path component).
     """
     global _controller
     if _controller is None or _controller[0] != libraries:
         import threadpoolctl
 
-        _controller = (libraries, threadpoolctl.ThreadpoolController())
-    return _controller[1]
+        controller = threadpoolctl.ThreadpoolController()
+        torch_dir = _torch_dir()
+        pools = []
+        for library in controller.lib_controllers:
+            path = os.path.realpath(library.filepath)
+            openmp = library.user_api == "openmp"
+            in_torch = openmp and bool(torch_dir) and path.startswith(torch_dir)
+            pools.append(_Pool(library, path, openmp, in_torch, *_c_accessors(library)))
+        _controller = (libraries, controller, tuple(pools))
+    return _controller[2]
 
 
 def _torch_dir() -> str | None:
@@ -100,14 +148,12 @@ def _before() -> None:
     budget = context.options.thread_budget or default_thread_budget(context.num_workers)
     state = forkstate.record()
     pinned_paths = frozenset(state.gomp_unsafe)
-    torch_dir = _torch_dir()
     limits = []
     torch_has_openmp = torch_pinned = False
-    for library in _pools(state.libraries).lib_controllers:
-        path = os.path.realpath(library.filepath)
-        pinned = library.user_api == "openmp" and path in pinned_paths
-        limits.append((library, 1 if pinned else budget))
-        if library.user_api == "openmp" and torch_dir and path.startswith(torch_dir):
+    for pool in _pools(state.libraries):
+        pinned = pool.openmp and pool.path in pinned_paths
+        limits.append((pool, 1 if pinned else budget))
+        if pool.in_torch:
             torch_has_openmp = True  # the runtime bundled in torch's wheel
             torch_pinned = torch_pinned or pinned
     if not torch_has_openmp and pinned_paths:
@@ -126,12 +172,12 @@ def _after_in_child() -> None:
     _fork.plan = None
     if plan is None:
         return
-    for library, threads in plan.limits:
-        _set_threads(library, threads)
+    for pool, threads in plan.limits:
+        _set_threads(pool, threads)
     _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
 
-def _set_threads(library: Any, threads: int) -> None:
+def _set_threads(pool: _Pool, threads: int) -> None:
     """Set a pool's thread count in a freshly forked worker.
 
     OpenBLAS (pthreads) shut its pool down at fork; ``openblas_set_num_threads``
@@ -142,19 +188,14 @@ def _set_threads(library: Any, threads: int) -> None:
     the worker's first BLAS call, with that count. Anything else, or an
     OpenBLAS without that symbol, goes through threadpoolctl.
     """
-    current = library.num_threads
+    library = pool.library
+    current = pool.get_threads() if pool.get_threads is not None else library.num_threads
     if current == threads:
         return  # even a same-value call restarts OpenBLAS's pool
-    if library.internal_api == "openblas" and threads < current:
-        import ctypes
-
-        try:
-            ctypes.c_int.in_dll(library.dynlib, "blas_cpu_number").value = threads
-        except ValueError:  # symbol not exported by this build
-            pass
-        else:
-            if library.num_threads == threads:
-                return
+    if pool.cpu_number is not None and threads < current:
+        pool.cpu_number.value = threads
+        if (pool.get_threads() if pool.get_threads is not None else library.num_threads) == threads:
+            return
     library.set_num_threads(threads)
 
 

@@ -7,9 +7,10 @@ loader maps a file once per process (it matches device and inode), so the
 worker loads a different file with the same bytes: its statics, rayon pool
 and tokio runtime included, start empty.
 
-The parent fills one memfd with the library once (page cache, shared by all
-workers); each worker loads it, points zarrs' ``from ._internal import X``
-bindings at the new module and closes its descriptor.
+The parent fills a memfd with the library and loads it once, without ever
+using that copy (``safeloader.backends.zarrs``); each worker inherits it with
+its statics still empty and points zarrs' ``from ._internal import X``
+bindings at it.
 """
 
 from __future__ import annotations
