@@ -167,6 +167,8 @@ def test_thread_census_separates_python_threads_from_native_pools():
 NATIVE_FUNCTIONS = (
     "fork_generation",
     "thread_ids",
+    "descriptor_table",
+    "regular_file_offsets",
     "install_continue_handler",
     "last_continued",
     "install_backtrace_handler",
