@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -265,7 +268,7 @@ def test_near_the_open_file_limit_safeloader_works_wherever_torch_does_and_never
     assert any(r.startswith("OK") for r in results), f"torch works with {spare} spare descriptors: {results}"
 
 
-def test_sigterm_leaves_nothing_of_safeloader_in_the_temp_directory(tmp_path):
+def test_sigterm_leaves_nothing_of_safeloader_in_the_temp_directory():
     code = """
 import os, signal, time
 from torch.utils.data import Dataset
@@ -283,6 +286,11 @@ next(iterator)
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(30)
 """
-    result = run_python(code, timeout=60, env={"TMPDIR": str(tmp_path)})
-    assert not result.timed_out and result.returncode == -15, result
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("safeloader")] == []
+    # A short TMPDIR: multiprocessing's Unix sockets live there, and their paths must fit in 107 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="sl", dir="/tmp"))
+    try:
+        result = run_python(code, timeout=60, env={"TMPDIR": str(temp)})
+        assert not result.timed_out and result.returncode == -15, result
+        assert [p.name for p in temp.iterdir() if p.name.startswith("safeloader")] == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
