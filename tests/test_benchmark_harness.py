@@ -25,7 +25,7 @@ def test_suite_runs_on_a_tiny_configuration_and_writes_json_table_and_chart(tmp_
         f"""
 import sys
 from benchmarks.__main__ import main
-sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz",
+sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz", "Python-heavy",
                "--output", {str(output)!r}]))
 """,
         timeout=240,
@@ -37,7 +37,9 @@ sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz",
     assert {"date", "cores", "platform", "versions"} <= set(data["machine"])
     assert data["machine"]["versions"]["torch"].startswith("2.")
     assert data["config"]["repeats"] == 1
-    assert list(data["scenarios"]) == ["first batch, 1 worker", "npz opened in __init__"]
+    assert list(data["scenarios"]) == [
+        "first batch, 1 worker", "npz opened in __init__", "Python-heavy transform (holds the GIL)"
+    ]
     for scenario, contenders in data["scenarios"].items():
         assert "safeloader" in contenders, scenario
         for name, entry in contenders.items():
@@ -49,8 +51,13 @@ sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz",
         assert contenders["safeloader"]["ratio_to_safeloader"] == pytest.approx(1.0)
     # Thread-based contenders run the same Dataset, checked against the same checksum.
     for name in THREADS:
-        entry = data["scenarios"]["npz opened in __init__"][name]
+        entry = data["scenarios"]["Python-heavy transform (holds the GIL)"][name]
         assert entry["status"] == "ok" and entry["correct"], (name, entry)
+        # Threads share the Dataset's one NpzFile: Python 3.13's zipfile can refuse that
+        # (BadZipFile "Overlapped entries"), which is recorded as the contender's error;
+        # data it returns must be correct.
+        entry = data["scenarios"]["npz opened in __init__"][name]
+        assert (entry["status"] == "ok" and entry["correct"]) or entry["status"].startswith("error: "), (name, entry)
     # The failure safeloader fixes is recorded as such, not waited out or dropped.
     assert data["scenarios"]["npz opened in __init__"]["spawn"]["status"].startswith("error: ")
     assert output.with_suffix(".png").stat().st_size > 1000
