@@ -29,7 +29,7 @@ CORES = available_cores()
 # thread count, as a C extension built with -fopenmp runs it (torch's own ops
 # use torch's count instead), and the pool counts threadpoolctl reports.
 PRELUDE = """
-import ctypes, json, os, sys
+import ctypes, json, os, sys, time
 import numpy, threadpoolctl, torch
 from torch.utils.data import Dataset
 import safeloader
@@ -55,7 +55,15 @@ class Report(Dataset):
         total = float((torch.ones(1500, 1500) * 2).sum())  # torch's own parallel region
         return json.dumps({"pools": pools(), "torch": torch.get_num_threads(), "team": team, "total": total})
 
+def settle():
+    # Threads of the previous loader (queue feeders) may still be exiting: a thread the
+    # fork-time record cannot attribute makes the backend assume OpenMP is live (1 thread).
+    deadline = time.monotonic() + 10
+    while safeloader.native.thread_census().foreign and time.monotonic() < deadline:
+        time.sleep(0.05)
+
 def run(loader):
+    settle()
     iterator = iter(loader)
     try:
         return [json.loads(item) for item in iterator]
