@@ -27,7 +27,36 @@ import torch
 import safeloader
 from safeloader import _registry
 
-LIBRARIES = ("numpy", "h5py", "zarr", "zarrs", "threadpoolctl", "requests", "fsspec", "fsspec.asyn", "lmdb")
+LIBRARIES = ("numpy", "h5py", "zarr", "zarrs", "threadpoolctl", "requests", "fsspec", "fsspec.asyn", "lmdb", "polars")
+
+
+def import_backend_libraries() -> list[str]:
+    """Import every installed library that has a backend; returns those imported."""
+    imported = []
+    for name in LIBRARIES:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except ImportError:
+            pass
+    return imported
+
+
+class Handles:
+    """What a Dataset typically holds, so each hook has something to do at a fork:
+    an LMDB environment (``directory/db``), an HTTP keep-alive session and an fsspec filesystem."""
+
+    def __init__(self, directory: str) -> None:
+        import lmdb
+
+        with lmdb.open(f"{directory}/db", map_size=1 << 20) as env, env.begin(write=True) as txn:
+            txn.put(b"k", b"v")
+        self.env = lmdb.open(f"{directory}/db", readonly=True)
+        import fsspec
+        import requests
+
+        self.session = requests.Session()
+        self.fs = fsspec.filesystem("http")
 
 _phase_seconds: dict[str, float] = {}
 _phase_cpu: dict[str, float] = {}  # the same phases, CPU time of the forking (or worker's) thread
@@ -69,20 +98,8 @@ def _timed_run_phase(original):
     return run_phase
 
 
-class Holder(torch.utils.data.Dataset):
+class Holder(Handles, torch.utils.data.Dataset):
     """Holds the handles; item: (worker pid, its after_in_child wall and CPU seconds, per-hook seconds)."""
-
-    def __init__(self, directory: str) -> None:
-        import lmdb
-
-        with lmdb.open(f"{directory}/db", map_size=1 << 20) as env, env.begin(write=True) as txn:
-            txn.put(b"k", b"v")
-        self.env = lmdb.open(f"{directory}/db", readonly=True)
-        import fsspec
-        import requests
-
-        self.session = requests.Session()
-        self.fs = fsspec.filesystem("http")
 
     def __len__(self) -> int:
         return 64
@@ -98,13 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--without", nargs="*", default=[], help="hooks to disable (to compare)")
     args = parser.parse_args(argv)
-    imported = []
-    for name in LIBRARIES:
-        try:
-            importlib.import_module(name)
-            imported.append(name)
-        except ImportError:
-            pass
+    imported = import_backend_libraries()
     _registry._run_phase = _timed_run_phase(_registry._run_phase)
     _time_each_hook()
     per_worker = []

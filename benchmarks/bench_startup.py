@@ -4,19 +4,26 @@
 
 Each contender builds a fresh loader over a trivial Dataset and takes one
 batch, worker start included; contenders alternate. safeloader runs with
-every built-in backend registered (none of their libraries imported, as in a
-plain program) plus four user hooks, so the figure includes the dispatch cost.
+every built-in backend registered plus four user hooks, so the figure includes
+the dispatch cost: first with none of the backends' libraries imported (a plain
+program), then with every one imported and a Dataset holding an LMDB
+environment, an HTTP session and an fsspec filesystem, so that every backend
+has work to do at each fork (``bench_hook_cost`` splits that cost per hook).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import statistics
+import tempfile
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
 import safeloader
 
+from .bench_hook_cost import Handles, import_backend_libraries
 from .common import alternate, print_table, summarize, timed, write_json
 
 
@@ -28,14 +35,32 @@ class Trivial(torch.utils.data.Dataset):
         return index
 
 
-def first_batch(make_loader) -> float:
+class TrivialWithHandles(Handles, Trivial):
+    """The trivial Dataset, holding the handles every backend acts on at a fork."""
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process (all threads) and of its reaped children (the workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def first_batch(make_loader, cpu: list[float] | None = None) -> float:
+    """Seconds to the first batch; appends to ``cpu`` the CPU seconds the start took, the
+    workers' included (counted once they are reaped: on a busy machine CPU time stays
+    put where wall time does not)."""
+
     def run() -> None:
         loader = make_loader()
         iterator = iter(loader)
         next(iterator)
-        del iterator
+        del iterator  # shuts the workers down and reaps them
 
-    return timed(run)
+    before = _cpu_seconds()
+    seconds = timed(run)
+    if cpu is not None:
+        cpu.append(_cpu_seconds() - before)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -54,9 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
         safeloader.register_at_fork(before=user_hook, after_in_parent=user_hook, after_in_child=user_hook,
                                     name=f"bench.user{i}", replace=True)
     n = args.workers
+    cpu: dict[str, list[float]] = {name: [] for name in
+                                   ("torch fork", "safeloader", "torch fork, libraries", "safeloader, libraries")}
     fork = {
-        "torch fork": lambda: first_batch(lambda: TorchDataLoader(Trivial(), batch_size=8, num_workers=n)),
-        "safeloader": lambda: first_batch(lambda: safeloader.DataLoader(Trivial(), batch_size=8, num_workers=n)),
+        "torch fork": lambda: first_batch(lambda: TorchDataLoader(Trivial(), batch_size=8, num_workers=n),
+                                          cpu["torch fork"]),
+        "safeloader": lambda: first_batch(lambda: safeloader.DataLoader(Trivial(), batch_size=8, num_workers=n),
+                                          cpu["safeloader"]),
     }
     fork_samples = alternate(fork, args.repeats, progress="fork start-up")
     spawn_samples = alternate(
@@ -65,17 +94,39 @@ def main(argv: list[str] | None = None) -> dict:
         args.spawn_repeats,
         progress="spawn start-up",
     )
-    results = {name: summarize(v) for name, v in {**fork_samples, **spawn_samples}.items()}
+    # Last: importing the libraries cannot be undone in this process.
+    imported = import_backend_libraries()
+    with tempfile.TemporaryDirectory() as directory:
+        dataset = TrivialWithHandles(directory)
+        loaded = {
+            "torch fork, libraries": lambda: first_batch(
+                lambda: TorchDataLoader(dataset, batch_size=8, num_workers=n), cpu["torch fork, libraries"]),
+            "safeloader, libraries": lambda: first_batch(
+                lambda: safeloader.DataLoader(dataset, batch_size=8, num_workers=n), cpu["safeloader, libraries"]),
+        }
+        loaded_samples = alternate(loaded, args.repeats, progress="fork start-up, libraries imported")
+    results = {name: summarize(v) for name, v in {**fork_samples, **spawn_samples, **loaded_samples}.items()}
     safe = results["safeloader"]["median"]
     torch_fork = results["torch fork"]["median"]
     overhead_per_fork = (safe - torch_fork) / n
+    loaded_overhead_per_fork = (results["safeloader, libraries"]["median"]
+                                - results["torch fork, libraries"]["median"]) / n
+    cpu_median = {name: statistics.median(values) for name, values in cpu.items()}
+    cpu_per_fork = (cpu_median["safeloader"] - cpu_median["torch fork"]) / n
+    loaded_cpu_per_fork = (cpu_median["safeloader, libraries"] - cpu_median["torch fork, libraries"]) / n
     rows = [[name, f"{r['median'] * 1000:.1f}", f"{r['min'] * 1000:.1f}", f"{r['max'] * 1000:.1f}",
              f"{r['median'] / safe:.2f}x"] for name, r in results.items()]
     print(f"\nTime to first batch, {n} workers, median of {args.repeats} (spawn: {args.spawn_repeats}):")
     print_table(rows, ["loader", "median ms", "min ms", "max ms", "vs safeloader"])
     print(f"\nsafeloader / torch fork: {safe / torch_fork:.3f}  (target <= 1.10)")
     print(f"spawn / safeloader:      {results['torch spawn']['median'] / safe:.1f}x  (target >= 20x)")
-    print(f"hook overhead per fork:  {overhead_per_fork * 1e6:.0f} us (difference of medians / workers)")
+    print(f"hook overhead per fork:  {overhead_per_fork * 1e6:.0f} us wall (difference of medians / workers), "
+          f"{cpu_per_fork * 1e6:.0f} us CPU (parent and workers)")
+    print(f"with every backend library imported ({', '.join(imported)}) and handles held:")
+    print(f"  safeloader / torch fork: "
+          f"{results['safeloader, libraries']['median'] / results['torch fork, libraries']['median']:.3f}")
+    print(f"  hook overhead per fork:  {loaded_overhead_per_fork * 1e6:.0f} us wall, "
+          f"{loaded_cpu_per_fork * 1e6:.0f} us CPU (target <= 2000 us)")
     payload = {
         "benchmark": "startup",
         "workers": n,
@@ -85,6 +136,11 @@ def main(argv: list[str] | None = None) -> dict:
             "spawn_vs_safeloader": results["torch spawn"]["median"] / safe,
         },
         "overhead_per_fork_s": overhead_per_fork,
+        "libraries_imported": imported,
+        "libraries_overhead_per_fork_s": loaded_overhead_per_fork,
+        "cpu_median_s": cpu_median,
+        "cpu_overhead_per_fork_s": cpu_per_fork,
+        "libraries_cpu_overhead_per_fork_s": loaded_cpu_per_fork,
     }
     path = write_json("startup", payload)
     print(f"wrote {path}")

@@ -254,6 +254,13 @@ def _native_thread(tid: int, name: str) -> ForeignThread:
     return ForeignThread(tid, name, "blocked", _dynamic_linker().library_at(address))
 
 
+def _known_thread(known: dict[tuple[int, str], ForeignThread], tid: int, name: str) -> ForeignThread:
+    thread = known.get((tid, name))
+    if thread is None:
+        thread = known[(tid, name)] = _native_thread(tid, name)
+    return thread
+
+
 def _is_gomp(path: str) -> bool:
     return os.path.basename(path).startswith(_GOMP_PREFIX)
 
@@ -308,13 +315,22 @@ def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
     objects frozen by ``gc.freeze()``, which walks them all. The fork hooks
     pass False for both.
     """
+    return _snapshot(pools=pools, count_frozen=count_frozen)
+
+
+def _snapshot(*, pools: bool, count_frozen: bool, known: dict[tuple[int, str], ForeignThread] | None = None
+              ) -> ForkState:
+    """``snapshot``; ``known`` maps (tid, name) to threads already attributed, and gets the new ones."""
     from ._registry import fork_guard
 
     census = native.thread_census()
     # dladdr and dl_iterate_phdr hold glibc's loader lock with the GIL released:
     # no other thread may fork meanwhile (its child would hang at its first dlopen).
     with fork_guard():
-        threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
+        if known is None:
+            threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
+        else:
+            threads = tuple(_known_thread(known, tid, name) for tid, name in census.foreign)
         libraries = _dynamic_linker().loaded()
     gomp_loaded = _gomp_loaded(libraries)
     gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
@@ -358,6 +374,12 @@ _recorded: ForkState | None = None
 # The ForkContext of the fork it was taken for, weakly: the context holds the
 # loader, and a strong reference would keep its persistent workers alive.
 _recorded_for: weakref.ref[object] | None = None
+# The threads attributed at the earlier forks of the loader starting now (its
+# registry Arming, weakly): where a thread waits is read from /proc (60-100 us
+# per thread), and a loader forks its workers within milliseconds, so each
+# thread is read at the first of its forks that sees it. A thread that
+# appeared or renamed itself since is a new key, and is read.
+_known: tuple[weakref.ref[object], dict[tuple[int, str], ForeignThread]] | None = None
 
 
 def record() -> ForkState:
@@ -367,12 +389,18 @@ def record() -> ForkState:
     object), so several backends can share it; the worker inherits it as
     ``parent_state()``.
     """
-    global _recorded, _recorded_for
-    from ._registry import fork_context
+    global _recorded, _recorded_for, _known
+    from ._registry import armed, fork_context
 
     context = fork_context()
     if _recorded is None or context is None or _recorded_for is None or _recorded_for() is not context:
-        _recorded = snapshot(pools=False, count_frozen=False)
+        arming = armed()
+        known: dict[tuple[int, str], ForeignThread] | None = None
+        if arming is not None:
+            if _known is None or _known[0]() is not arming:
+                _known = (weakref.ref(arming), {})
+            known = _known[1]
+        _recorded = _snapshot(pools=False, count_frozen=False, known=known)
         _recorded_for = weakref.ref(context) if context is not None else None
     return _recorded
 

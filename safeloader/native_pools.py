@@ -33,6 +33,10 @@ RUNTIME_SYMBOLS: dict[str, tuple[str, ...]] = {
 }
 
 _runtimes: dict[str, tuple[str, ...]] = {}
+# Real path of each extension module's shared object -> the modules loaded from it, for
+# the sys.modules it was built from: rebuilt only after an import (a loader start asks
+# for owners each time; realpath is an lstat per path component).
+_extension_modules: tuple[tuple[int, str, object], dict[str, list[str]]] | None = None
 
 
 def runtimes(path: str) -> tuple[str, ...]:
@@ -56,14 +60,24 @@ def runtimes_in_symbols(symbols: list[str]) -> tuple[str, ...]:
     return tuple(kind for kind, parts in RUNTIME_SYMBOLS.items() if any(p in s for s in symbols for p in parts))
 
 
+def _modules_by_extension() -> dict[str, list[str]]:
+    global _extension_modules
+    last = next(reversed(sys.modules))
+    state = (len(sys.modules), last, sys.modules.get(last))
+    if _extension_modules is None or _extension_modules[0] != state:
+        by_path: dict[str, list[str]] = {}
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if isinstance(file, str) and file.endswith(".so"):
+                by_path.setdefault(os.path.realpath(file), []).append(name)
+        _extension_modules = (state, by_path)
+    return _extension_modules[1]
+
+
 def owner(path: str) -> str:
     """The name of the Python package that loaded ``path`` ("polars"), or the library's file name."""
     real = os.path.realpath(path)
-    names = []
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file.endswith(".so") and os.path.realpath(file) == real:
-            names.append(name)
+    names = _modules_by_extension().get(real, [])
     public = [name for name in names if not name.split(".")[0].startswith("_")]
     if public or names:
         return (public or names)[0].split(".")[0]

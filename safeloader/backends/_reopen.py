@@ -88,6 +88,11 @@ def regular_file_fds(table: Iterable[_descriptors.Descriptor] | None = None) -> 
             continue
         try:
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            if table is not None:  # listed earlier (by the parent, before the fork): still that file?
+                now = os.fstat(fd)
+                if not stat.S_ISREG(now.st_mode):
+                    continue
+                dev, ino = now.st_dev, now.st_ino
         except OSError:  # closed meanwhile
             continue
         yield InheritedFd(fd, flags, dev, ino)
@@ -187,6 +192,17 @@ def record_offsets() -> None:
 
 def forget_offsets() -> None:
     _at_fork.offsets = None
+
+
+def record_at_fork() -> None:
+    """In the parent, before a worker fork: the offsets, and the descriptor table for the worker."""
+    _descriptors.record_at_fork()
+    record_offsets()
+
+
+def forget_at_fork() -> None:
+    _descriptors.forget_at_fork()
+    forget_offsets()
 
 
 def _offset_at_fork(entry: InheritedFd) -> int:

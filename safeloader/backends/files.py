@@ -113,8 +113,8 @@ class FilesBackend(Backend):
     name = hook_names.FILES
     description = 'each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset'
     priority = 50  # before other backends' child hooks (priority 0), which may read files
-    before = _reopen.record_offsets
-    after_in_parent = _reopen.forget_offsets
+    before = _reopen.record_at_fork
+    after_in_parent = _reopen.forget_at_fork
     after_in_child = privatize_inherited_files
     prepare_start = staticmethod(prepare_start)
 

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import hook_names
+from .. import forkstate, hook_names
 from .._options import default_thread_budget
 from .._registry import fork_context
 from . import _extension_copy, polars_objects
@@ -154,7 +154,8 @@ def _before() -> None:
         return
     budget = context.options.thread_budget
     threads = budget if budget is not None else default_thread_budget(context.num_workers)
-    if not pools_live():
+    # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
+    if not any(RUNTIME_THREAD.match(thread.name) for thread in forkstate.record().native_threads):
         _local.plan = Plan(threads, None)
         return
     with _setup_lock:

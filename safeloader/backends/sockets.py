@@ -165,6 +165,8 @@ class SocketsBackend(Backend):
     # handler) that closes a TLS connection must write its close_notify into
     # the stand-in, not into the parent's stream.
     priority = 80
+    before = _descriptors.record_at_fork
+    after_in_parent = _descriptors.forget_at_fork
     after_in_child = sever_inherited_connections
 
 BACKEND = SocketsBackend

@@ -1,0 +1,85 @@
+"""The descriptor table a worker's fork hooks read is listed by the parent right before the fork.
+
+A fresh process pays about 0.3 ms to list its own /proc/self/fd, so the parent
+lists it in the fork's ``before`` phase and the worker inherits the list. These
+tests check that a worker uses that list, lists its own when the parent made
+none, and acts on what a descriptor is at the fork, not at the listing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .subproc import check_python
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_forked_child_reads_the_table_its_parent_listed_and_lists_its_own_otherwise() -> None:
+    code = """
+import os
+from safeloader.backends import _descriptors
+
+scans = []
+real_scan = _descriptors.scan
+_descriptors.scan = lambda: (scans.append(os.getpid()), real_scan())[1]
+
+def child_scans(record):
+    if record:
+        _descriptors.record_at_fork()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        table = _descriptors.inherited()
+        again = _descriptors.inherited()  # the same list for every hook of this fork
+        own = [p for p in scans if p == os.getpid()]
+        os.write(write, f"{len(own)} {again is table} {len(table) > 0}".encode())
+        os._exit(0)
+    _descriptors.forget_at_fork()
+    os.waitpid(pid, 0)
+    return os.read(read, 100).decode()
+
+print(child_scans(record=True))
+print(child_scans(record=False))
+"""
+    recorded, unrecorded = check_python(code, timeout=60).stdout.split("\n")[:2]
+    assert recorded == "0 True True"  # the parent's list: the child listed nothing
+    assert unrecorded == "1 True True"  # no list from the parent: the child listed once
+
+
+def test_a_file_swapped_under_the_same_descriptor_after_the_listing_is_read_as_the_new_file() -> None:
+    """A parent thread may replace a descriptor between the parent's listing and the fork;
+    the worker must give it the new file's own offset, not the offset listed for the old one."""
+    code = """
+import os, tempfile
+import safeloader, torch
+
+directory = tempfile.mkdtemp()
+old_path, new_path = os.path.join(directory, "old"), os.path.join(directory, "new")
+with open(old_path, "wb") as f:
+    f.write(b"o" * 4096)
+with open(new_path, "wb") as f:
+    f.write(bytes(range(256)) * 16)
+
+old = open(old_path, "rb", buffering=0)
+old.seek(1000)  # the offset the parent lists for this descriptor
+new = os.open(new_path, os.O_RDONLY)
+os.lseek(new, 7, os.SEEK_SET)  # the new file's offset at the fork
+
+def swap():  # runs after the "files" and "sockets" hooks listed the table (higher priority: later in `before`)
+    os.dup2(new, old.fileno())
+
+safeloader.register_at_fork(before=swap, name="test.swap", priority=1000)
+
+class Reader(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1
+    def __getitem__(self, index):
+        return os.pread(old.fileno(), 1, os.lseek(old.fileno(), 0, os.SEEK_CUR))
+
+(item,) = list(safeloader.DataLoader(Reader(), batch_size=None, num_workers=1))
+print(item[0], os.lseek(old.fileno(), 0, os.SEEK_CUR))
+"""
+    byte, parent_offset = check_python(code, timeout=60).stdout.split()
+    assert int(byte) == 7  # the new file, at its own offset at the fork (1000 would give 1000 % 256 = 232)
+    assert int(parent_offset) == 7  # the parent's description is untouched
