@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import RESULTS
+from .common import RESULTS, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = "tiny" if args.tiny else "quick" if args.quick else "full"
     repeats = args.repeats or (7 if scale == "full" else 3)
     result = run_suite(scale, repeats, args.only)
-    RESULTS.mkdir(exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
+    write_json(Path(args.output), result)
     png = report.chart(result, Path(args.output).with_suffix(".png"))
     print(report.markdown(result))
     print(f"\nwrote {args.output} and {png} in {result['elapsed_s']:.0f} s", file=sys.stderr)

@@ -14,13 +14,12 @@ Two workloads, each with 2 workers reading a random sample of the records:
   3.14's incremental collector does bit by bit on every young collection.
 
 Contenders alternate: torch's DataLoader, safeloader with freeze_gc False and True.
-Run: /work/venv/bin/python benchmarks/bench_memory.py
+Run: python -m benchmarks.bench_memory (writes benchmarks/results/memory.json)
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import platform
 import random
@@ -33,6 +32,8 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
 import safeloader
+
+from .common import write_json
 
 RECORDS = 2_000_000
 SAMPLE = 20_000
@@ -123,8 +124,7 @@ def main() -> None:
         assert len(checksums) > 0
     print(f"\ngc.freeze() + gc.unfreeze(): {freeze_us:.2f} us per fork")
     out = {
-        "command": "python benchmarks/bench_memory.py",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
+        "command": "python -m benchmarks.bench_memory",
         "records": RECORDS,
         "sample_per_epoch": SAMPLE,
         "parent_uss_mib": parent_uss,
@@ -132,10 +132,7 @@ def main() -> None:
         "runs": results,
         "freeze_unfreeze_us": freeze_us,
     }
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "memory.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {write_json('memory', out)}")
 
 
 if __name__ == "__main__":

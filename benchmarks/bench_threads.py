@@ -4,12 +4,11 @@ and the per-worker cost of the "threadpools" backend.
 torch limits only its own threads in a worker, so numpy's OpenBLAS runs one
 thread per core in each of N workers; safeloader gives each worker
 cores // N threads. Contenders alternate run by run so machine noise hits
-both alike. Run: /work/venv/bin/python benchmarks/bench_threads.py
+both alike. Run: python -m benchmarks.bench_threads (writes benchmarks/results/threads.json)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,8 @@ from torch.utils.data import Dataset
 import safeloader
 from safeloader._options import available_cores, default_thread_budget
 from safeloader.backends import threadpools
+
+from .common import write_json
 
 ITEMS = 64
 SIZE = 384
@@ -150,17 +151,13 @@ def main() -> None:
     print(f"  time to first batch, {WORKERS} workers: {cost['first_batch_s_with_hooks_median'] * 1000:.0f} ms with, "
           f"{cost['first_batch_s_without_median'] * 1000:.0f} ms without (median of 6, noisy)")
     out = {
-        "command": "python benchmarks/bench_threads.py",
-        "machine": {"cores": cores, "python": platform.python_version(), "torch": torch.__version__,
-                    "numpy": np.__version__, "parent_pools": blas},
+        "command": "python -m benchmarks.bench_threads",
+        "parent_pools": blas,
         "workload": {"items": ITEMS, "matrix": SIZE, "products_per_item": 6, "workers": WORKERS},
         "throughput": summary,
         "cost": cost,
     }
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "threads.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {write_json('threads', out)}")
 
 
 if __name__ == "__main__":

@@ -18,18 +18,19 @@ torch's fork loader hangs here and is not timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
+from .child import serve
 from .common import print_table, summarize, write_json
+from .suite import start_child
 
 LOADERS = 3
+DEADLINE = 300.0  # seconds for the set-up, then for the loaders: past it, a hang
 CONTENDERS = ("safeloader polars backend (fork)", "safeloader on_unsafe_fork='forkserver'", "torch spawn")
 
 
@@ -46,7 +47,8 @@ class ParquetFiles(torch.utils.data.Dataset):
         return int(pl.read_parquet(os.path.join(self.folder, f"{index % 8}.parquet"))["v"].sum())
 
 
-def _child(contender: str, folder: str, workers: int) -> list[float]:
+def _child(contender: str, folder: str, workers: int):
+    """Set up the parent (polars' pool live); return a function timing the first batch of LOADERS loaders."""
     import numpy as np
     import polars as pl
 
@@ -56,24 +58,41 @@ def _child(contender: str, folder: str, workers: int) -> list[float]:
     frame = pl.DataFrame({"k": np.arange(rows) % 1000, "v": np.arange(rows)})
     frame.group_by("k").agg(pl.col("v").sum())  # polars' pool is live in the parent
     dataset = ParquetFiles(folder, 4 * workers)
-    times = []
-    for _ in range(LOADERS):
-        if contender == CONTENDERS[0]:
-            loader = safeloader.DataLoader(dataset, batch_size=2, num_workers=workers)
-        elif contender == CONTENDERS[1]:
-            loader = safeloader.DataLoader(
-                dataset, batch_size=2, num_workers=workers, disable_hooks=("polars",), on_unsafe_fork="forkserver"
-            )
-        else:
-            loader = torch.utils.data.DataLoader(
-                dataset, batch_size=2, num_workers=workers, multiprocessing_context="spawn"
-            )
-        start = time.perf_counter()
-        iterator = iter(loader)
-        next(iterator)
-        times.append(time.perf_counter() - start)
-        del iterator
-    return times
+
+    def first_batches() -> dict:
+        times = []
+        for _ in range(LOADERS):
+            if contender == CONTENDERS[0]:
+                loader = safeloader.DataLoader(dataset, batch_size=2, num_workers=workers)
+            elif contender == CONTENDERS[1]:
+                loader = safeloader.DataLoader(
+                    dataset, batch_size=2, num_workers=workers, disable_hooks=("polars",), on_unsafe_fork="forkserver"
+                )
+            else:
+                loader = torch.utils.data.DataLoader(
+                    dataset, batch_size=2, num_workers=workers, multiprocessing_context="spawn"
+                )
+            start = time.perf_counter()
+            iterator = iter(loader)
+            next(iterator)
+            times.append(time.perf_counter() - start)
+            del iterator
+        return {"first_batch_s": times}
+
+    return first_batches
+
+
+def one_process(name: str, folder: str, workers: int) -> list[float] | None:
+    """The first-batch times of ``name``'s loaders in a fresh process (None if it failed or hung)."""
+    child = start_child(name, "benchmarks.bench_unsafe_fork", "--child", name, "--folder", folder,
+                        "--workers", str(workers))
+    try:
+        result = child.measure(DEADLINE) if child.ready(time.monotonic() + DEADLINE) else None
+    finally:
+        child.close()
+    if child.status != "ok":
+        print(f"{name}: failed: {child.status}", file=sys.stderr)
+    return None if result is None else result.get("first_batch_s")
 
 
 def main() -> None:
@@ -84,7 +103,7 @@ def main() -> None:
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.folder, args.workers)))
+        serve(lambda: _child(args.child, args.folder, args.workers))
         return
     import polars as pl
 
@@ -95,14 +114,7 @@ def main() -> None:
             part.write_parquet(os.path.join(folder, f"{i}.parquet"))
         for round_ in range(args.repeats):
             for name in CONTENDERS:  # alternating, so that machine noise hits all alike
-                command = [sys.executable, "-m", "benchmarks.bench_unsafe_fork", "--child", name, "--folder", folder]
-                command += ["--workers", str(args.workers)]
-                try:
-                    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
-                    results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                except (subprocess.SubprocessError, ValueError, IndexError) as exc:
-                    print(f"{name}: failed: {exc}", file=sys.stderr)
-                    results[name].append(None)
+                results[name].append(one_process(name, folder, args.workers))
                 print(f"round {round_ + 1}/{args.repeats} {name}: {results[name][-1]}", file=sys.stderr)
     rows, payload = [], {}
     for name, runs in results.items():

@@ -11,18 +11,16 @@ Writes benchmarks/results/watchdog.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import torch
 
 import safeloader
 from safeloader import watchdog
 
-RESULTS = Path(__file__).parent / "results"
+from .common import write_json
 
 
 class Tiny(torch.utils.data.Dataset):
@@ -110,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'stall_timeout=60':<22}{on:>12.3f} s{on / off:>8.3f}")
     print(f"one heartbeat (worker side, per item): {beat * 1e6:.2f} us")
     print(f"stall diagnosed and raised {diagnosis:.2f} s after the limit (2 stuck workers, native + Python stacks)")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "watchdog.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json("watchdog", result)
     return 0
 
 

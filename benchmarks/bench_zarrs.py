@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -38,7 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .child import serve
 from .common import print_table, summarize, write_json
+from .suite import Child, start_child
 
 ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
@@ -47,7 +47,6 @@ CHUNKS = (64, 64)  # inner chunks of
 SHARDS = (512, 512)  # shards: one file per 512 x 512 block, as OME-Zarr 0.5 writes them
 BLOCK = (1024, 512)
 DATA_DIR = Path(os.environ.get("SAFELOADER_BENCH_DATA", "/tmp/safeloader-bench-zarrs"))
-MARKER = "@@zarrs-bench "
 DEADLINE = 120.0  # seconds for one epoch: past it, a hang
 
 CONTENDERS = {
@@ -164,71 +163,7 @@ def contender_epoch(name: str, path: str, repeat: int, workers: int):
 
 
 def child_main(name: str, path: str, repeat: int, workers: int) -> None:
-    epoch = contender_epoch(name, path, repeat, workers)
-    reply({"ready": True})
-    for line in sys.stdin:
-        if line.strip() != "run":
-            return
-        reply(epoch())
-
-
-def reply(payload: dict) -> None:
-    sys.stdout.write(MARKER + json.dumps(payload) + "\n")
-    sys.stdout.flush()
-
-
-class Contender:
-    """A contender's process; ``measure()`` runs one epoch there, or returns None on a hang."""
-
-    def __init__(self, name: str, args: list[str]) -> None:
-        self.name = name
-        self.hung = False
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.bench_zarrs", "--child", name, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-            start_new_session=True,  # its workers die with it
-        )
-        ready = self._receive(DEADLINE)
-        if not ready or not ready.get("ready"):
-            raise RuntimeError(f"contender {name!r} did not start: {ready}")
-
-    def _receive(self, timeout: float) -> dict | None:
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not selector.select(deadline - time.monotonic()):
-                    break
-                line = self.process.stdout.readline()
-                if not line:
-                    return None
-                if line.startswith(MARKER):
-                    return json.loads(line[len(MARKER) :])
-        return None
-
-    def measure(self) -> dict | None:
-        if self.hung:
-            return None
-        self.process.stdin.write("run\n")
-        self.process.stdin.flush()
-        result = self._receive(DEADLINE)
-        if result is None:
-            self.hung = True
-            self.close()
-        return result
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write("exit\n")
-                self.process.stdin.flush()
-                self.process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+    serve(lambda: contender_epoch(name, path, repeat, workers))
 
 
 # -- per-worker set-up cost of each mode ------------------------------------------------
@@ -317,20 +252,26 @@ def main(argv: list[str] | None = None) -> dict:
     path, checksum = make_data(DATA_DIR)
     child_args = ["--path", path, "--repeat", str(args.repeat), "--workers", str(args.workers)]
     labels = {**CONTENDERS, **(DIAGNOSTIC_CONTENDERS if args.diagnose else {})}
-    contenders = {}
+    contenders: dict[str, Child] = {}
     try:
         for name in labels:
             print(f"\rstarting {name:<30}", end="", file=sys.stderr, flush=True)
-            contenders[name] = Contender(name, child_args)
+            contenders[name] = start_child(name, "benchmarks.bench_zarrs", "--child", name, *child_args, quiet=False)
+            if not contenders[name].ready(time.monotonic() + DEADLINE):
+                raise RuntimeError(f"contender {name!r} did not start: {contenders[name].status}")
         samples: dict[str, list[float | None]] = {name: [] for name in labels}
         wrong: dict[str, int] = {name: 0 for name in labels}
         names = list(labels)
         for round_ in range(args.rounds):
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 print(f"\rround {round_ + 1}/{args.rounds} {name:<30}", end="", file=sys.stderr, flush=True)
-                result = contenders[name].measure()
-                samples[name].append(None if result is None else result["seconds"])
-                if result is not None and not np.isclose(result["checksum"], checksum, rtol=1e-9):
+                child = contenders[name]
+                result = child.measure(DEADLINE) if child.status == "ok" else None
+                if result is None or "seconds" not in result:  # a hang or an error: a failure
+                    samples[name].append(None)
+                    continue
+                samples[name].append(result["seconds"])
+                if not np.isclose(result["checksum"], checksum, rtol=1e-9):
                     wrong[name] += 1
         print(file=sys.stderr)
     finally:
@@ -338,7 +279,10 @@ def main(argv: list[str] | None = None) -> dict:
             contender.close()
     costs = setup_costs(path)
 
-    results = {name: {**summarize(values), "wrong_checksums": wrong[name]} for name, values in samples.items()}
+    results = {
+        name: {**summarize(values), "wrong_checksums": wrong[name], "status": contenders[name].status}
+        for name, values in samples.items()
+    }
     pool = results["safeloader pool"]["median"]
 
     def ratios_of(statistic: str) -> dict[str, float | None]:
@@ -359,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [
         [
             labels[name],
-            "hang" if r["median"] is None else f"{r['median']:.2f}",
+            r["status"].split(":")[0] if r["median"] is None else f"{r['median']:.2f}",
             "-" if r["min"] is None else f"{r['min']:.2f}",
             "-" if r["max"] is None else f"{r['max']:.2f}",
             "-" if r["median"] is None or pool is None else f"{r['median'] / pool:.2f}x",
@@ -373,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"\nEpoch time, worker start included: {args.workers} workers, {blocks_per_epoch} blocks of "
         f"{BLOCK[0]}x{BLOCK[1]} float32 per epoch, median of {args.rounds} rounds:"
     )
-    print_table(rows, ["contender", "median s", "min s", "max s", "vs pool", "hangs", "wrong"])
+    print_table(rows, ["contender", "median s", "min s", "max s", "vs pool", "failed", "wrong"])
 
     def show(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.3f}"

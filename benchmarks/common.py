@@ -69,10 +69,14 @@ def machine() -> dict:
     }
 
 
-def write_json(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
+def write_json(name: str | Path, payload: dict) -> Path:
+    """Write a benchmark's result, with the machine's facts, to ``benchmarks/results/<name>.json``
+    (or to ``name`` itself when it is a Path): every benchmark's one writer."""
+    path = name if isinstance(name, Path) else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "machine" not in payload:
+        payload = {"machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 
 

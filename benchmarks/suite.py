@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .common import summarize
+
 MARKER = "@@result "
 SETUP_DEADLINE = 180.0
 MIN_DEADLINE = 60.0
@@ -29,11 +31,12 @@ MIN_DEADLINE = 60.0
 
 @dataclass
 class Child:
-    scenario: str
+    """A contender in its own process, speaking the protocol of :mod:`benchmarks.child`."""
+
     contender: str
     process: subprocess.Popen
     samples: list[dict] = field(default_factory=list)
-    status: str = "ok"  # "ok", "hang", or "error: ..."
+    status: str = "ok"  # "ok", "hang", "hang (setup)" or "error: ..."
 
     def send(self, line: str) -> None:
         assert self.process.stdin is not None
@@ -59,6 +62,38 @@ class Child:
         finally:
             selector.close()
 
+    def ready(self, deadline: float) -> bool:
+        """Wait for the end of its set-up; a child that fails or passes the deadline gets that status."""
+        reply = self.receive(deadline)
+        if reply is None:
+            self.status = "hang (setup)"
+            self.kill()
+        elif "error" in reply:
+            self.status = f"error: {reply['error']}"
+        return self.status == "ok"
+
+    def measure(self, timeout: float) -> dict | None:
+        """One measurement: its result (``{"error": ...}`` sets the status), or None past the
+        timeout, when the child and its workers are killed as a hang."""
+        self.send("run")
+        result = self.receive(time.monotonic() + timeout)
+        if result is None:
+            self.status = "hang"
+            self.kill()
+        elif "error" in result:
+            self.status = f"error: {result['error']}"
+        return result
+
+    def close(self) -> None:
+        """Ask a healthy child to exit, then make sure it and its workers are gone."""
+        if self.process.poll() is None and self.status == "ok":
+            try:
+                self.send("exit")
+                self.process.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
     def kill(self) -> None:
         if self.process.poll() is None:
             try:
@@ -68,45 +103,41 @@ class Child:
         self.process.wait()
 
 
-def start_child(scenario: str, contender: str, params_path: str) -> Child:
+def start_child(contender: str, module: str, *args: str, quiet: bool = True) -> Child:
+    """``python -m <module> <args>``, a program that serves one contender with :func:`benchmarks.child.serve`.
+    Its stderr is dropped when ``quiet``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.child", scenario, contender, params_path],
+        [sys.executable, "-m", module, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if quiet else None,
         text=True,
         start_new_session=True,  # its own process group: a hang is killed with its workers
         cwd=str(Path(__file__).resolve().parent.parent),
     )
-    return Child(scenario, contender, process)
+    return Child(contender, process)
 
 
-def summarize(child: Child) -> dict:
-    seconds = [s["seconds"] for s in child.samples if "seconds" in s]
-    entry: dict = {"status": child.status, "samples": child.samples, "n": len(seconds)}
-    if seconds:
-        entry.update(
-            median=statistics.median(seconds),
-            min=min(seconds),
-            max=max(seconds),
-            correct=all(s.get("ok", False) for s in child.samples if "seconds" in s),
-        )
-        extra = [s["worker_uss_mb"] for s in child.samples if s.get("worker_uss_mb") is not None]
+def summarize_child(child: Child) -> dict:
+    """A contender's entry in the suite's JSON: its status and samples, the statistics of
+    their seconds (:func:`benchmarks.common.summarize`), whether every result was correct."""
+    timed = [s for s in child.samples if "seconds" in s]
+    entry: dict = {"status": child.status, "samples": child.samples}
+    entry.update(summarize([s.get("seconds") for s in child.samples]))
+    if timed:
+        entry["correct"] = all(s.get("ok", False) for s in timed)
+        extra = [s["worker_uss_mb"] for s in timed if s.get("worker_uss_mb") is not None]
         if extra:
             entry["worker_uss_mb"] = statistics.median(extra)
     return entry
 
 
 def run_scenario(name: str, contenders: list[str], params_path: str, repeats: int, progress) -> dict:
-    children = [start_child(name, contender, params_path) for contender in contenders]
+    children = [start_child(contender, "benchmarks.child", name, contender, params_path) for contender in contenders]
     try:
         ready_by = time.monotonic() + SETUP_DEADLINE
         for child in children:
-            reply = child.receive(ready_by)
-            if reply is None:
-                child.status = "hang (setup)"
-            elif "error" in reply:
-                child.status = f"error: {reply['error']}"
+            child.ready(ready_by)
         slowest = 0.0
         for round_ in range(repeats):
             shift = round_ % len(children)
@@ -114,29 +145,15 @@ def run_scenario(name: str, contenders: list[str], params_path: str, repeats: in
                 if child.status != "ok":
                     continue
                 progress(name, round_, repeats, child.contender)
-                child.send("run")
                 deadline = max(MIN_DEADLINE, 5 * slowest)
-                result = child.receive(time.monotonic() + deadline)
-                if result is None:
-                    child.status = "hang"
-                    child.samples.append({"hang_after_s": deadline})
-                    child.kill()
-                elif "error" in result:
-                    child.status = f"error: {result['error']}"
-                    child.samples.append(result)
-                else:
-                    child.samples.append(result)
+                result = child.measure(deadline)
+                child.samples.append({"hang_after_s": deadline} if result is None else result)
+                if child.status == "ok":
                     slowest = max(slowest, result["seconds"])
     finally:
         for child in children:
-            if child.process.poll() is None and child.status == "ok":
-                try:
-                    child.send("exit")
-                    child.process.wait(timeout=30)
-                except (BrokenPipeError, subprocess.TimeoutExpired):
-                    pass
-            child.kill()
-    results = {child.contender: summarize(child) for child in children}
+            child.close()
+    results = {child.contender: summarize_child(child) for child in children}
     base = results.get("safeloader", {}).get("median")
     for entry in results.values():
         if base and entry.get("median"):
