@@ -11,9 +11,9 @@ other sockets and files the "h5py" hook privatizes (which the "files" hook
 skips anyway, see ``_reopen.private_fds``).
 
 The list is made in the parent, in the ``before`` phase of the fork
-(``record_at_fork``), and inherited: listing ``/proc/self/fd`` costs a new
-process about 0.3 ms (the kernel builds its /proc entries, and the list's
-objects are written to pages shared with the parent), the parent 0.06 ms. A
+(``record_at_fork``), and inherited: a new process listing its own
+``/proc/self/fd`` pays for the kernel building its /proc entries and for the
+pages it writes that the parent shares, the parent for neither. A
 descriptor another parent thread opens or closes between that listing and the
 fork is the one thing it can miss; each hook checks the descriptors it acts on
 (the sockets hook probes each socket, the files hook re-reads each file's
