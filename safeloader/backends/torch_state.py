@@ -1,27 +1,19 @@
 """The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised.
 
 A forked child cannot use CUDA (or XPU) once the parent initialised it: the
-driver state does not survive fork. torch marks the child and its first CUDA
-call fails inside the Dataset with "Cannot re-initialize CUDA in forked
-subprocess ... you must use the 'spawn' start method", advice that costs
-seconds per worker start and loses what safeloader is for.
+driver state does not survive fork. Under torch the worker's first CUDA call
+fails inside the Dataset with "Cannot re-initialize CUDA in forked
+subprocess", advising the spawn start method.
 
-What this backend does NOT do is refuse to start: CUDA initialised in the
-parent with forked workers is the normal training set-up (model on the GPU,
-Dataset on the CPU, batches moved to the GPU in the loop), and it works. Only
-a worker that *touches* CUDA fails, so that is where the error is raised: in
-each worker forked from a parent with CUDA initialised, torch's lazy CUDA
-initialiser is replaced by one that raises ``ForkedAcceleratorError`` saying
-what happened, in which worker, and what to do. torch delivers it to the
-parent at that batch.
+The backend does not refuse to start: CUDA in the parent with forked workers
+is the normal training set-up (model on the GPU, Dataset on the CPU), and it
+works. Only a worker that *touches* the accelerator fails: in each worker
+forked from a parent with it initialised, torch's lazy initialiser is
+replaced by one that raises ``ForkedAcceleratorError`` saying what happened,
+in which worker, and what to do; torch delivers it to the parent at that batch.
 
-Other torch states checked for torch 2.13:
-- autograd: torch marks a child bad only when the parent started autograd's
-  device threads (a backward pass on a GPU); the child's backward then raises
-  torch's own clear "Unable to handle autograd's threading in combination with
-  fork-based multiprocessing". CPU-only backward in the parent and in workers
-  works. Nothing to add.
-- intra-op threads (OpenMP): handled by the "threadpools" backend.
+Not handled here: autograd's device threads (torch itself raises a clear
+error in a worker's backward) and intra-op threads (the "threadpools" backend).
 """
 
 from __future__ import annotations
