@@ -1,36 +1,23 @@
 """h5py: HDF5 files opened in the parent work in every DataLoader worker.
 
-Fork. HDF5's state in the worker (its open files, metadata and chunk caches,
-the h5py ``File``/``Group``/``Dataset`` objects of the user's Dataset) is a
-private copy made by fork; what is still shared is the kernel's open file
-description behind each descriptor: one file offset, which HDF5's ``stdio``
-driver and the Python file objects of the ``fileobj`` driver move on every
-read, and one flock owner, which a worker closing its copy would release for
-the parent. The ``"files"`` hook replaces each inherited read-only descriptor
-with the worker's own description of the same file, so every h5py object
-keeps working as it is, with the parent's open parameters (driver, libver,
-SWMR, cache settings) and without any object having to be found and rebound.
-The default ``sec2`` driver reads with ``pread`` and was already safe;
-in-memory files (``core`` driver, ``File.in_memory``, ``fileobj`` on
-``BytesIO``) live in memory that fork copies, and need nothing.
+Fork. The worker's HDF5 state (open files, caches, the Dataset's h5py
+objects) is a private copy; what fork leaves shared is the open file
+description behind each descriptor: one file offset, moved by the ``stdio``
+and ``fileobj`` drivers on every read, and one flock owner. The ``"files"``
+hook gives each worker its own description of every read-only file, so every
+h5py object keeps working with the parent's open parameters and nothing needs
+finding. ``sec2`` (the default driver, ``pread``) and in-memory files are safe
+either way. No h5py function runs inside the fork window (parent-side work is
+in ``prepare_start``), so h5py's own at-fork handling does not interfere.
 
-A file the parent holds *writable* is not reopened: the worker's copy of the
-HDF5 library may hold the parent's unflushed metadata, and writing or closing
-it would write into the parent's file. safeloader warns once per file
-(``WritableFileWarning``, saying what to do), and hook ``"h5py"`` turns the
-worker's descriptors of that file read-only, so nothing a worker does can
-write to it: a write fails with an HDF5 error instead.
+A file the parent holds *writable* is not reopened: the worker's HDF5 copy may
+hold the parent's unflushed metadata. safeloader warns once per file
+(``WritableFileWarning``) and hook ``"h5py"`` makes the worker's descriptors
+of it read-only, so a worker's write fails with an HDF5 error.
 
-No h5py function runs inside the fork window (the parent-side work is done
-in ``prepare_start``, before any worker exists; the child hooks make system
-calls only), so the order relative to h5py's own at-fork handler (h5py >=
-3.14 takes its global lock around fork) does not matter.
-
-Spawn/forkserver. ``h5py.File``, ``Group``, ``Dataset`` and ``Datatype``
-pickle by file path, open parameters and object name, and are reopened in
-the worker, each file once per worker. Files open for writing, in-memory
-files and files on Python file objects cannot be reopened there: pickling
-them raises a TypeError saying what to do.
+Spawn/forkserver. ``File``, ``Group``, ``Dataset`` and ``Datatype`` pickle by
+path, open parameters and object name, and are reopened once per worker;
+writable, in-memory and file-object files raise a TypeError saying what to do.
 """
 
 from __future__ import annotations
