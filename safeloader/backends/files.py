@@ -1,32 +1,22 @@
 """Open files: each forked worker reads through its own file offset.
 
 Hook ``"files"``: in each worker, every descriptor the parent had open
-read-only on a regular file is replaced by a fresh open file description of
-the same file at the same offset (see ``_reopen``). That covers whatever holds
-the descriptor: ``open()`` file objects (buffered or not, binary or text),
-``np.load`` ``NpzFile`` archives, HDF5 files on any driver, raw ``os.open``
-descriptors and C libraries' ``FILE*``. Skipped: descriptors open for writing,
-non-regular files (pipes, sockets, devices), files under /proc, /sys and /dev,
-and descriptions holding an exclusive flock/OFD lock (a lock, not data).
+read-only on a regular file is replaced, under the same number, by a fresh
+open file description of the same file at the same offset (see ``_reopen``).
+Working at the descriptor level leaves every object as it was (buffer, text
+decoder, position) and needs nothing found in the Dataset, so it covers
+``open()`` files, ``NpzFile`` archives, HDF5 files on any driver, raw
+descriptors and C ``FILE*``, in globals and closures too. Skipped: writable
+descriptors, non-regular files (pipes, sockets, devices), /proc, /sys, /dev,
+and descriptions holding an exclusive flock/OFD lock.
 
-A descriptor that cannot be reopened in the worker (its file's permissions
-changed since the parent opened it, a stale NFS handle, a vanished file...)
-stays shared with the parent, exactly as under torch's DataLoader, and the
-worker warns once per path with a ``SharedFileWarning`` (a ``RuntimeWarning``)
-naming the path, the worker and the errno. The worker never fails for it:
-most such descriptors are not the Dataset's (library logs, configs).
+A descriptor the worker cannot reopen (permissions changed, stale NFS handle,
+vanished file) stays shared, as under torch, with one ``SharedFileWarning``
+(a ``RuntimeWarning``) per path; the worker never fails for it.
 
-Why at the descriptor level rather than by rebuilding file objects: the object
-(its buffer, its text decoder state, its position) is left exactly as it was,
-so no reader anywhere can tell the difference except that the offset is no
-longer shared; and nothing needs finding in the Dataset's object graph, so
-handles in globals and closures are covered too, at about 10 µs per file.
-
-Spawn/forkserver: read-only binary file objects (``open(path, "rb")``, with
-or without buffering) pickle by path, position and file identity, and are
-reopened in the worker. Text-mode files are refused with a clear message
-(their newline setting cannot be read back, so a reopen could split lines
-differently).
+Spawn/forkserver: read-only binary files (``open(path, "rb")``) pickle by
+path, position and file identity and are reopened in the worker; text-mode
+files are refused (their newline setting cannot be read back).
 """
 
 from __future__ import annotations
