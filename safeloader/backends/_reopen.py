@@ -1,29 +1,21 @@
 """Shared by the file-handle backends (files, h5py, npz): private file descriptions
 in forked workers, and pickling by path for spawn/forkserver workers.
 
-Fork. A worker inherits the parent's file descriptors, and each one refers to
-the *same* open file description: one file offset shared by the parent and all
-workers (and, for flock/OFD locks, one lock owner). Any reader that moves the
-offset (buffered file objects, zipfile, HDF5's stdio driver, C ``FILE*``)
-then reads at the offset another process just set. ``privatize`` gives the
-worker a fresh description of the same inode at the same offset, installed
-under the same descriptor number, so every object holding that descriptor
-(Python file objects, an ``NpzFile``, HDF5's driver) keeps working unchanged.
-The reopen goes through ``/proc/self/fd/N``, so it reaches the very file the
-parent opened even if it was since moved or deleted; the parent's own
-descriptors are not touched. The offset is the one the parent recorded in
-the fork's ``before`` phase (``record_offsets``, the "files" hook), since the
-parent runs on and may move it before the worker gets to read it. If
-the reopen fails (permissions changed since, a stale NFS handle...),
-``privatize_or_share`` leaves that descriptor shared, as torch does, with a
-``SharedFileWarning`` once per path.
+Fork. An inherited descriptor refers to the parent's open file description:
+one offset (and one flock/OFD lock owner) shared by the parent and all
+workers, so any reader that moves the offset reads where another process
+left it. ``privatize`` gives the worker a fresh description of the same inode,
+reopened through ``/proc/self/fd/N`` (so it reaches the file even if moved or
+deleted), at the offset the parent recorded in the fork's ``before`` phase
+(``record_offsets``), installed under the same descriptor number: every object
+holding that descriptor keeps working. The parent's descriptors are untouched.
+If the reopen fails, ``privatize_or_share`` leaves the descriptor shared, as
+torch does, with one ``SharedFileWarning`` per path.
 
-Spawn/forkserver. Handles cannot be pickled; the backends register reductions
-that pickle them by path and reopen in the worker. They are active only while
-a safeloader loader starts its workers, so other pickling in the process keeps
-its usual behaviour. A reopen that fails in the worker yields an
-``Unavailable`` placeholder whose first use raises an error naming the path
-and the worker, through torch's normal worker-error path.
+Spawn/forkserver. The backends' reductions pickle handles by path and reopen
+them in the worker, only while a safeloader loader starts its workers. A
+failed reopen yields an ``Unavailable`` placeholder whose first use raises an
+error naming the path and the worker.
 """
 
 from __future__ import annotations
