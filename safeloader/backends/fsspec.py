@@ -1,31 +1,24 @@
 """fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
 
-fsspec runs every async filesystem on one event loop, in a thread of its own
-("fsspecIO"), with sessions (aiohttp, aiobotocore...) bound to that loop. A
-forked worker inherits the filesystem objects but not the thread: fsspec
-itself refuses them (``RuntimeError: This class is not fork-safe``, from
-``AsyncFileSystem.loop`` when the instance's pid is not the process's), and
-file objects opened in the parent (``fs.open(url)``) would wait forever on a
-loop that no longer runs.
+fsspec runs every async filesystem on one event loop in a thread of its own
+("fsspecIO"), with sessions bound to that loop. A forked worker inherits the
+objects but not the thread: fsspec refuses them (``RuntimeError: This class
+is not fork-safe``), and files opened in the parent would wait forever.
 
 Hook ``"fsspec"``, in each worker (nothing is scanned; the cost is paid on
 first use):
 
-- ``AsyncFileSystem.loop`` is wrapped so that an instance created in another
-  process is rebuilt in place on its first use: a fresh instance is made from
-  its ``storage_args``/``storage_options``, exactly as pickling it for a
-  spawn worker would, and its state replaces the inherited one. The worker
-  thereby gets its own event loop and its own session (each filesystem makes
-  those lazily), for any ``AsyncFileSystem`` subclass: HTTP, s3fs, gcsfs. The
-  user's object keeps its identity and becomes the worker's cached instance.
-- ``fsspec.asyn.sync`` is wrapped so that a call on the parent's event loop
-  (a file object opened in the parent) is moved to the worker's loop when the
-  object can be rebound (it has an ``fs`` and a ``session``, as HTTP files
-  do), and otherwise raises a clear error at once instead of hanging.
+- ``AsyncFileSystem.loop`` is wrapped: an instance created in another process
+  is rebuilt in place on first use from its ``storage_args``/
+  ``storage_options`` (as pickling it for spawn would), so it gets its own
+  event loop and session and keeps its identity.
+- ``fsspec.asyn.sync`` is wrapped: a call on the parent's loop (a file opened
+  in the parent) moves to the worker's loop when the object can be rebound
+  (it has an ``fs`` and a ``session``, as HTTP files do), and otherwise raises
+  a clear error at once instead of hanging.
 
-The parent's objects are not touched. Sessions inherited from the parent are
-dropped in the worker without being closed (their sockets are severed by the
-``"sockets"`` hook, so nothing reaches the parent's connections).
+The parent's objects are not touched; inherited sessions are dropped in the
+worker without being closed (the ``"sockets"`` hook severs their sockets).
 """
 
 from __future__ import annotations

@@ -1,29 +1,21 @@
 """LMDB: environments a Dataset opened in the parent work in forked workers.
 
 LMDB's rule is that an environment must not be used after ``fork()``: the
-child must open its own. py-lmdb's ``Environment`` opened in the parent and
-used in a worker (``env.begin().get(key)`` per item) takes a new slot of the
-shared reader table on every read transaction, recorded under the parent's
-pid and never freed: ``MDB_READERS_FULL`` after ~125 reads, in every worker.
+child must open its own. A py-lmdb ``Environment`` from the parent, used in a
+worker, takes a slot of the shared reader table on every read transaction,
+under the parent's pid and never freed, until ``MDB_READERS_FULL``.
 
-Hook ``"lmdb"``: before a loader starts forked workers, the parent finds the
-environments held by its Dataset (its attributes, and the lists, dicts and
-objects under them; ``Subset``/``ConcatDataset`` included) and notes where
-each one is held. In each worker, the inherited copy of every such
-environment is closed (which releases only what the worker owns) and the
-environment is opened afresh (same path and flags, its own reader slots under
-the worker's pid, as LMDB requires) and put in the place of the inherited
-one, so ``self.env.begin()`` in ``__getitem__`` reads through the worker's own environment for an epoch of any length.
+Hook ``"lmdb"``: before forked workers start, the parent notes where the
+Dataset holds environments (attributes, lists, dicts, objects under them;
+``Subset``/``ConcatDataset`` included). Each worker closes its inherited copy
+(releasing only what it owns), opens the environment afresh (same path and
+flags) and puts it in the same place.
 
-Refused with ``LmdbWritableError`` before any worker starts: environments
-the Dataset holds open for writing (a worker must not write through, or
-close, the parent's writer). Not covered: environments kept only in globals
-or closures, and named databases (``env.open_db(name)``) or transactions
-opened in the parent (open them in the worker, e.g. lazily on first use).
-Nothing happens unless the program imported lmdb.
-
-Spawn/forkserver: read-only environments pickle by path and open options and
-are opened afresh in the worker; writable ones are refused with a TypeError.
+Refused with ``LmdbWritableError`` before any worker starts: environments held
+open for writing. Not covered: environments kept only in globals or closures,
+and named databases or transactions opened in the parent (open them in the
+worker). Spawn/forkserver: read-only environments pickle by path and open
+options; writable ones raise a TypeError.
 """
 
 from __future__ import annotations
