@@ -1,39 +1,24 @@
 """The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code.
 
 A loader iterated with ``pin_memory=True`` (and an accelerator) runs a
-pin-memory thread for as long as it iterates. That thread spends its time in
-two places: waiting on its workers' result queue (harmless at a fork), and
-inside torch's ``pin_memory(batch)``, which runs native accelerator code with
-the GIL released. Native code may hold C-library locks there that a fork does
-not reset in the child. The one in torch issue 130610 is glibc's atexit-list
-lock: every first-time C++ static initialisation takes it, and a worker forked
-while another thread holds it hangs at its own first one, in torch's worker
-loop (``torch.Generator()``, ``torch.set_num_threads(1)``) or in the Dataset.
-Typical trigger: a validation loader forks its workers while the training
-loader's pin-memory thread pins its first batches.
+pin-memory thread inside torch's ``pin_memory(batch)``, native code with the
+GIL released that may hold C-library locks a fork does not reset. In torch
+issue 130610 it is glibc's atexit-list lock: a worker forked while it is held
+hangs at its first C++ static initialisation (e.g. a validation loader forking
+while the training loader's pin thread pins its first batches).
 
-The fix is a gate around torch's ``pin_memory()`` function (looked up as a
-module global by torch's pin-memory loop, so replacing it reaches every pin
-thread): pin threads pass freely, except during a safeloader worker fork,
-when ``before`` closes the gate and waits for the calls in progress to
-finish, and ``after_in_parent`` reopens it. A pin thread reaching the gate
-meanwhile waits for that one fork (a Python lock wait: it holds no native
-lock then). Calls from the forking thread itself pass through.
+The fix is a gate around torch's ``pin_memory()`` (a module global of torch's
+pin-memory loop, so replacing it reaches every pin thread): during a
+safeloader worker fork, ``before`` closes it and waits for calls in progress,
+``after_in_parent`` reopens it; a pin thread arriving meanwhile waits in a
+Python lock. The forking thread passes through, and concurrent forks are
+counted. Not covered: other native threads in GIL-free code (see the README,
+"Threads at fork").
 
-What it does not cover (see the README, "Threads at fork"): other native
-threads inside GIL-free code at the fork (the ``threadpools`` and ``zarrs``
-backends handle their pools; gloo's threads hold nothing a worker uses).
-The gate is installed when the first armed loader starts; a pin thread of a
-plain loader started earlier is gated from its next batch on. Two threads may
-fork workers at once (two loaders started from two threads): the gate counts
-its closers and reopens when the last fork is done.
-
-``safeloader.uninstall()`` removes the gate (``remove_gate()``), restoring
-torch's own function. Without ``install()``, the gate stays in place for the
-life of the process once a ``SafeDataLoader`` has started workers: a pin
-thread may be inside ``pin_memory()`` at any moment, and a gate installed
-only around each fork would not see a call already in progress. Call
-``remove_gate()`` to take it out; the next armed start puts it back.
+``safeloader.uninstall()`` removes the gate; without ``install()`` it stays
+once a ``SafeDataLoader`` has started workers (a gate installed only around
+each fork would miss a call already in progress): ``remove_gate()`` takes it
+out until the next armed start.
 """
 
 from __future__ import annotations
