@@ -1,24 +1,21 @@
 """Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging.
 
-polars (2.x) runs its queries on a rayon thread pool, its async I/O on a tokio
-runtime and an async executor, all statics of ``_polars_runtime.abi3.so``. Once
-the parent has used them (a ``group_by`` or ``sort`` on a large frame, a
-parquet read), a forked worker inherits them without their threads: its
-first parallel query waits forever (``rayon_core::latch::LockLatch``,
-``tokio::runtime::park``). ``POLARS_MAX_THREADS`` is read once, when the pool
-is built, and polars has no call to rebuild it.
+polars runs its queries on a rayon thread pool and its async I/O on a tokio
+runtime, statics of its runtime extension module. Once the parent has used
+them (a ``group_by``, a ``sort``, a parquet read), a forked worker inherits
+them without their threads: its first parallel query waits forever.
+``POLARS_MAX_THREADS`` is read once, when the pool is built, and polars has
+no call to rebuild it.
 
 Each worker therefore loads its own copy of the runtime extension (see
 ``_extension_copy``), with a fresh pool of ``thread_budget`` threads (default
-cores // num_workers), and points every polars name at it; DataFrames,
-Series, expressions and file-scanning LazyFrames built in the parent move to
-it on first use (``polars_objects``). When the parent never started the pool
-(no polars threads live at the fork), the worker keeps the inherited module:
-it builds its own pool on first use.
+cores // num_workers), and points every polars name at it; objects built in
+the parent move to it on first use (``polars_objects``). When the parent never
+started the pool, the worker keeps the inherited module.
 
-Supported: polars >=2.0,<3 (``SUPPORTED``). Otherwise, or if the copy cannot be
-loaded, workers raise ``PolarsForkError`` on their first polars call, naming
-the fix, instead of hanging.
+Supported versions: ``SUPPORTED``. Otherwise, or if the copy cannot be loaded,
+workers raise ``PolarsForkError`` on their first polars call, naming the fix,
+instead of hanging.
 """
 
 from __future__ import annotations

@@ -2,23 +2,17 @@
 
 A ``pl.DataFrame`` keeps its native object in ``_df`` (``Series._s``,
 ``LazyFrame._ldf``, ``Expr._pyexpr``, ...). One inherited from the parent
-belongs to the parent's copy of polars' extension: its methods run on the
-parent's rayon pool, which has no threads in the worker (they would hang),
-and the worker's copy refuses it ("'PySeries' object is not an instance of
-'PySeries'"). Instead of hunting for such objects (a heap scan costs tens of
-milliseconds per worker and copies pages), the worker puts a descriptor on
-each polars class attribute annotated with a native type: every access
-through polars' own code meets it, and an inherited native object is moved
-to the worker's runtime on its first use, once:
+belongs to the parent's copy of polars' extension: its methods would hang on
+the parent's thread-less pool, and the worker's copy refuses it ("'PySeries'
+object is not an instance of 'PySeries'"). Instead of scanning the heap, the
+worker puts a descriptor on each polars class attribute annotated with a
+native type, so an inherited native object is moved on its first use, once:
 
 - ``PyDataFrame`` / ``PySeries``: column by column through the Arrow C stream
-  interface, zero-copy (the buffers stay where the parent left them, released
-  by the parent's copy of the library, which is safe: exporting a column uses
-  no thread pool, measured with chunked, categorical and nested columns);
+  interface, zero-copy (exporting a column uses no thread pool);
 - ``PyExpr`` and a ``PyLazyFrame`` that scans files: polars' own serialization
-  (a plan holding an in-memory DataFrame is refused: serializing its data
-  runs on the pool);
-- ``PyCategories``: the global categories map to the worker's global ones;
+  (a plan holding an in-memory DataFrame is refused);
+- ``PyCategories``: mapped to the worker's global categories;
 - anything else (``SQLContext``, lazy group-bys, ...) raises
   ``PolarsInheritedObjectError`` at once, naming the object and the fix.
 """
