@@ -6,19 +6,18 @@ threads, so its first multi-chunk decode waits forever. Per loader
 (``zarrs_mode=``) or globally (``safeloader.configure(zarrs_mode=...)``):
 
 - ``"pool"`` (default): each worker gets a private copy of zarrs' extension
-  module, with a fresh rayon pool of ``thread_budget`` threads (default: cores
-  // num_workers); full parallel Rust decoding. The copy is loaded once, in
-  the parent, and never used there: every worker inherits it unused (its
-  rayon pool not yet built) and installs it in a tenth of a millisecond,
-  instead of loading (relocating) 16 MB of Rust in each worker (2 ms).
+  module (``zarrs_native``) with a fresh rayon pool of ``thread_budget``
+  threads (default: cores // num_workers). The copy is loaded once in the
+  parent and never used there, so every worker inherits it unused and only
+  installs it, instead of loading the library itself.
 - ``"serial"``: the Rust codec on the calling thread, one thread per worker.
 - ``"python"``: zarr-python's own codec pipeline (slower, no Rust).
 
-If a mode cannot be set up (zarr/zarrs versions outside ``SUPPORTED_VERSIONS``,
-or internals that differ), the backend falls back pool -> serial -> python
-with one ``ZarrsFallbackWarning`` per process, decided in the parent before
-the first fork. Arrays opened before the fork (in the Dataset) and inside the
-worker both work: see ``zarrs_pipelines``.
+If a mode cannot be set up (versions outside ``SUPPORTED_VERSIONS``, or
+internals that differ: ``zarrs_layout``), the backend falls back pool ->
+serial -> python with one ``ZarrsFallbackWarning`` per process, decided in the
+parent before the first fork. Arrays opened before the fork and in the worker
+both work: see ``zarrs_pipelines``.
 """
 
 from __future__ import annotations
