@@ -2,7 +2,7 @@
 
 A fork is a *DataLoader worker fork* when multiprocessing is launching a
 Process whose target is a DataLoader worker loop (found on the caller's frame,
-so this is exact and costs a few microseconds). Such a fork is *armed* when
+so this is exact and cheap). Such a fork is *armed* when
 the forking thread is inside a safeloader loader's worker start, or when
 ``safeloader.install()`` is active. Hooks run around armed worker forks only;
 a hook registered with ``every_fork=True`` also runs around any other

@@ -11,13 +11,11 @@ Checked in the parent when a loader is about to fork its workers:
 "warn" (default) forks and warns once per loader and library with an
 ``UnsafeForkWarning`` naming the library and the option; "forkserver" starts
 the workers with forkserver instead, preloaded with torch, torch.utils.data
-and the Dataset's module (the first start pays the imports once, later starts
-fork from the preloaded server); "ignore" forks silently.
+and the Dataset's module; "ignore" forks silently.
 
-Cost when no extension module links such a runtime: one pass over
-``sys.modules`` after each import (about 0.1 ms), none otherwise. Libraries
-are scanned once per process (``native_pools.runtimes``); threads are
-attributed by their native stacks once per thread.
+When no extension module links such a runtime, the only cost is a pass over
+``sys.modules`` after each import. Libraries are scanned once per process
+(``native_pools.runtimes``); threads are attributed once per thread.
 """
 
 from __future__ import annotations

@@ -4,13 +4,12 @@ Rust extensions link their runtimes statically (rayon's global pool, tokio's
 runtime), and their wheels are stripped: a thread waiting in one shows only
 unnamed frames inside the extension's shared object. The object's bytes still
 name the crates they were built from (panic messages carry source paths such
-as ``rayon-core-1.12.1/src/latch.rs``), which tells what runs inside; the
+as ``rayon-core-<version>/src/latch.rs``), which tells what runs inside; the
 module that loaded the object tells whose it is (``polars`` for
-``_polars_runtime_32/_polars_runtime.abi3.so``).
+``_polars_runtime.abi3.so``).
 
 Used by ``safeloader doctor`` and the stall report, never around a fork: a
-scan reads up to the whole file (about 0.1-0.3 s for polars' 170 MB runtime),
-once per library per process.
+scan may read the whole file, so it is done once per library per process.
 """
 
 from __future__ import annotations
