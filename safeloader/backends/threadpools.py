@@ -2,18 +2,17 @@
 
 torch sets its own intra-op thread count to 1 in each worker and leaves every
 other pool alone, so numpy's OpenBLAS still starts one thread per core in
-every worker (N workers x N threads). Environment variables such as
-OMP_NUM_THREADS come too late after a fork, so the limits go through the
-libraries' runtime APIs, via threadpoolctl.
+every worker. Environment variables such as OMP_NUM_THREADS come too late
+after a fork, so the limits go through the libraries' runtime APIs, via
+threadpoolctl.
 
 In each worker, BLAS pools (OpenBLAS, MKL, BLIS), OpenMP runtimes and torch's
 intra-op count get the *budget*: the ``thread_budget`` option, or by default
 the cores this process may run on divided by ``num_workers`` (at least 1).
-One exception: a GNU OpenMP runtime that the parent already ran a parallel
-region with (its pool threads are alive at fork time, see
-``safeloader.forkstate``) stays at 1 thread in the child, because libgomp
-hangs a forked child that runs a region with more threads. In such a worker,
-a later ``torch.set_num_threads(n > 1)`` raises instead of hanging.
+Except: a GNU OpenMP runtime whose pool threads are alive at fork time (see
+``safeloader.forkstate``) stays at 1 thread, since libgomp hangs a forked
+child that runs a region with more; there ``torch.set_num_threads(n > 1)``
+raises instead of hanging.
 
 The parent's own limits are never changed. threadpoolctl is an optional
 dependency: without it the hook is registered but inactive (``status()``).
