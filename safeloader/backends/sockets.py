@@ -1,38 +1,23 @@
 """Sockets: no forked worker shares a connected TCP (or TLS) stream with the parent.
 
-A forked worker inherits every descriptor of the parent, and a connected TCP
-socket is one byte stream: an HTTP keep-alive connection made in the
-Dataset's ``__init__`` (``requests.Session``, ``urllib3.PoolManager``,
-botocore, ``http.client``) is then written to and read from by the parent
-and every worker at once, and each reads parts of the others' responses:
-silently wrong bytes, or ``BadStatusLine``.
+A connected TCP socket is one byte stream: an HTTP keep-alive connection made
+in the Dataset's ``__init__`` (``requests.Session``, ``urllib3.PoolManager``,
+botocore, ``http.client``) is then used by the parent and every worker at
+once, each reading parts of the others' responses.
 
 Hook ``"sockets"``: in each worker, every inherited descriptor of a connected
 (or connecting) ``AF_INET``/``AF_INET6`` stream socket is replaced, under the
-same descriptor number, by a socket of the same family that looks closed by
-its peer: reads return end-of-file, writes fail with ``EPIPE``, ``poll``
-reports it readable and hung up. That is exactly what a keep-alive
-connection the server closed looks like, so:
+same number, by a socket that looks closed by its peer (end-of-file on read,
+``EPIPE`` on write, readable and hung up to ``poll``). urllib3 (requests,
+botocore) then opens a fresh connection; inherited ``http.client``
+connections reconnect on their next request (``HTTPConnection.putrequest`` is
+wrapped in the worker); any other user gets the error of a closed connection,
+never another process's bytes.
 
-- urllib3 (and requests, botocore) sees the pooled connection as dropped
-  (``is_connection_dropped``: readable at once) and opens a fresh one in the
-  worker, transparently;
-- ``http.client.HTTPConnection`` objects inherited from the parent reconnect
-  on their next request (this module wraps ``HTTPConnection.putrequest`` in
-  the worker only: a connection on a severed descriptor is closed first, and
-  ``auto_open`` reconnects, as after any ``close()``);
-- any other user reads end-of-file or gets ``BrokenPipeError``: the error a
-  closed connection gives, never another process's bytes.
-
-The parent's connections are not disturbed: the worker only drops its own
-reference to them (``dup2`` over the descriptor), which sends nothing on the
-wire while the parent holds its own; the inherited socket is never shut down
-(``shutdown`` would end the parent's connection too). TLS state in the
-worker's memory is a copy and is discarded with it. Left alone: listening
-sockets, unconnected sockets, Unix sockets and socket pairs (the worker's own
-queues), UDP, and anything that is not a socket.
-
-To share the parent's connections as torch does: ``disable_hooks=("sockets",)``.
+The parent's connections are not disturbed: the worker only ``dup2``s over its
+descriptor and never shuts the socket down. Left alone: listening,
+unconnected, Unix and UDP sockets, and non-sockets. To share connections as
+torch does: ``disable_hooks=("sockets",)``.
 """
 
 from __future__ import annotations
