@@ -1,10 +1,9 @@
 """What is live in a process at fork time: native threads, thread pools, accelerators.
 
-A forked child keeps only the forking thread. Whatever other threads held
-(locks, a thread pool's bookkeeping) is copied in whatever state it was in,
-which is how native libraries hang in DataLoader workers. ``snapshot()``
-describes that state for diagnostics (``safeloader doctor``, the stall
-watchdog) and for the built-in backends::
+A forked child keeps only the forking thread; whatever the other threads held
+(locks, a pool's bookkeeping) is copied as it was, which is how native
+libraries hang in DataLoader workers. ``snapshot()`` describes that state for
+diagnostics (``safeloader doctor``, the stall watchdog) and the backends::
 
     state = safeloader.forkstate.snapshot()
     state.native_threads      # threads Python did not start, each with the library it waits in
@@ -13,16 +12,11 @@ watchdog) and for the built-in backends::
     state.accelerators        # ("cuda",) if CUDA is initialised: a forked child cannot use it
     print(state.describe())   # the same, as text
 
-In a DataLoader worker, ``parent_state()`` is the snapshot the parent took
-just before forking that worker (recorded by the "forkstate" fork hook).
-
-How a thread is attributed to a library: a thread blocked in a system call
-exposes its instruction pointer in ``/proc/self/task/<tid>/syscall``;
-``dladdr`` names the shared object that contains it. GNU
-OpenMP (libgomp) on x86-64 issues its futex calls inline, so its idle pool
-threads point into libgomp itself; OpenBLAS and most others wait through
-libc. A thread that is running, or whose wait is in libc on another
-architecture, stays unattributed and is treated as possibly OpenMP.
+In a worker, ``parent_state()`` is the snapshot the parent took just before
+forking it (the "forkstate" fork hook). A thread blocked in a system call is
+attributed to the shared object (``dladdr``) holding its instruction pointer
+(``/proc/self/task/<tid>/syscall``); one that cannot be attributed is treated
+as possibly GNU OpenMP.
 """
 
 from __future__ import annotations
