@@ -13,9 +13,9 @@ Checked in the parent when a loader is about to fork its workers:
 the workers with forkserver instead, preloaded with torch, torch.utils.data
 and the Dataset's module; "ignore" forks silently.
 
-When no extension module links such a runtime, the only cost is a pass over
-``sys.modules`` after each import. Libraries are scanned once per process
-(``native_pools.runtimes``); threads are attributed once per thread.
+``sys.modules`` is passed over again only when modules were imported since
+the last check; each extension library is scanned once per process
+(``native_pools.runtimes``), and threads are attributed once per thread.
 """
 
 from __future__ import annotations
