@@ -1,24 +1,22 @@
 """fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
 
-fsspec runs every async filesystem on one event loop in a thread of its own
-("fsspecIO"), with sessions bound to that loop. A forked worker inherits the
-objects but not the thread: fsspec refuses them (``RuntimeError: This class
-is not fork-safe``), and files opened in the parent would wait forever.
+fsspec runs every async filesystem on one event loop in a thread of its own,
+with sessions bound to that loop. A forked worker inherits the objects but not
+the thread: fsspec refuses them (``This class is not fork-safe``), and files
+opened in the parent would wait forever.
 
 Hook ``"fsspec"``, in each worker (nothing is scanned; the cost is paid on
 first use):
 
-- ``AsyncFileSystem.loop`` is wrapped: an instance created in another process
-  is rebuilt in place on first use from its ``storage_args``/
-  ``storage_options`` (as pickling it for spawn would), so it gets its own
-  event loop and session and keeps its identity.
+- ``AsyncFileSystem.loop`` is wrapped: an instance from another process is
+  rebuilt in place on first use from its storage arguments (as pickling it for
+  spawn would), with its own event loop and session, keeping its identity.
 - ``fsspec.asyn.sync`` is wrapped: a call on the parent's loop (a file opened
-  in the parent) moves to the worker's loop when the object can be rebound
-  (it has an ``fs`` and a ``session``, as HTTP files do), and otherwise raises
-  a clear error at once instead of hanging.
+  in the parent) moves to the worker's loop when the object can be rebound (it
+  has an ``fs`` and a ``session``, as HTTP files do), else raises at once.
 
 The parent's objects are not touched; inherited sessions are dropped in the
-worker without being closed (the ``"sockets"`` hook severs their sockets).
+worker unclosed (the ``"sockets"`` hook severs their sockets).
 """
 
 from __future__ import annotations

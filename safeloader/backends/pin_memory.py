@@ -1,24 +1,21 @@
 """The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code.
 
-A loader iterated with ``pin_memory=True`` (and an accelerator) runs a
-pin-memory thread inside torch's ``pin_memory(batch)``, native code with the
-GIL released that may hold C-library locks a fork does not reset. In torch
-issue 130610 it is glibc's atexit-list lock: a worker forked while it is held
-hangs at its first C++ static initialisation (e.g. a validation loader forking
-while the training loader's pin thread pins its first batches).
+With ``pin_memory=True`` (and an accelerator) a loader's pin-memory thread
+runs torch's ``pin_memory(batch)``, native code with the GIL released that may
+hold C-library locks a fork does not reset (torch issue 130610: glibc's
+atexit-list lock, which hangs the worker at its first C++ static
+initialisation). Typical trigger: a validation loader forking its workers
+while the training loader's pin thread pins its first batches.
 
 The fix is a gate around torch's ``pin_memory()`` (a module global of torch's
 pin-memory loop, so replacing it reaches every pin thread): during a
 safeloader worker fork, ``before`` closes it and waits for calls in progress,
-``after_in_parent`` reopens it; a pin thread arriving meanwhile waits in a
-Python lock. The forking thread passes through, and concurrent forks are
-counted. Not covered: other native threads in GIL-free code (see the README,
-"Threads at fork").
+``after_in_parent`` reopens it. The forking thread passes through; concurrent
+forks are counted. Other native threads: see the README, "Threads at fork".
 
 ``safeloader.uninstall()`` removes the gate; without ``install()`` it stays
-once a ``SafeDataLoader`` has started workers (a gate installed only around
-each fork would miss a call already in progress): ``remove_gate()`` takes it
-out until the next armed start.
+once a ``SafeDataLoader`` has started workers (a call already in progress
+must be seen): ``remove_gate()`` takes it out until the next armed start.
 """
 
 from __future__ import annotations
