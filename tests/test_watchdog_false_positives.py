@@ -16,6 +16,7 @@ from .subproc import check_script, run_script, script_command
 
 pytestmark = pytest.mark.timeout(240)
 
+
 def _stopped_for(loader: str, seconds: float) -> tuple[int | None, str]:
     """Run children/slow_items.py, stop its whole process group (as Ctrl-Z does) for ``seconds``
     mid-epoch, continue it."""
