@@ -6,7 +6,7 @@ import pytest
 
 from safeloader import _torch_internals
 
-from .subproc import check_python, check_script
+from .subproc import check_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,15 +31,5 @@ def test_an_unknown_worker_loop_is_refused_instead_of_running_unarmed():
 
 
 def test_thread_workers_are_told_that_fork_hooks_do_not_apply():
-    code = """
-import warnings
-from safeloader import DataLoader
-loader = DataLoader(list(range(4)), num_workers=2)
-loader.worker_method = "thread"  # torch's upcoming thread workers (no fork); this torch ignores it
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    assert sorted(int(x) for x in loader) == [0, 1, 2, 3]
-print([str(w.message) for w in caught])
-"""
-    result = check_python(code, timeout=60)
+    result = check_script("thread_workers_warning.py", timeout=60)
     assert "thread workers" in result.stdout and "fork hooks and stall watchdog do not apply" in result.stdout
