@@ -12,114 +12,38 @@ import pytest
 import safeloader
 from safeloader import DataLoader, HookError, RegistrationError
 
-from .subproc import check_python, run_python
+from .subproc import check_script, run_python, run_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(240)]
 
+
+
 # Each thread's Dataset loads a shared library in the worker (dlopen takes
 # glibc's loader lock): a worker forked while another thread held that lock
-# in safeloader's `before` hooks hung there. Repeated: the hang showed in
-# about half the runs.
-MANY_THREADS = """
-import ctypes, threading, sys
-import torch
-from torch.utils.data import Dataset
-import safeloader
-from safeloader import DataLoader
-
-class LoadsALibrary(Dataset):
-    def __len__(self):
-        return 8
-    def __getitem__(self, i):
-        ctypes.CDLL("libm.so.6")
-        return i
-
-def run(results, k):
-    loader = DataLoader(LoadsALibrary(), batch_size=2, num_workers=2, stall_timeout=None, {extra})
-    results[k] = [int(x) for batch in loader for x in batch]
-
-for round in range({rounds}):
-    results = {{}}
-    threads = [threading.Thread(target=run, args=(results, k)) for k in range(8)]
-    for t in threads: t.start()
-    for t in threads: t.join()
-    assert all(results[k] == list(range(8)) for k in range(8)), results
-    print("round", round, "ok", flush=True)
-"""
-
-
+# in safeloader's `before` hooks hung there (children/many_threads.py).
+# Repeated: the hang showed in about half the runs.
 def test_loaders_started_from_eight_threads_at_once_never_freeze_their_workers():
-    result = check_python(MANY_THREADS.format(rounds=6, extra=""), timeout=180)
+    result = check_script("many_threads.py", 6, "safeloader", timeout=180)
     assert result.stdout.count(" ok") == 6
 
 
 @pytest.mark.torch_baseline
 def test_torch_baseline_eight_threads_complete():
-    code = MANY_THREADS.format(rounds=2, extra="")
-    code = code.replace("from safeloader import DataLoader", "from torch.utils.data import DataLoader")
-    code = code.replace(", stall_timeout=None", "")
-    result = check_python(code, timeout=120)
+    result = check_script("many_threads.py", 2, "torch", timeout=120)
     assert result.stdout.count(" ok") == 2
 
 
 def test_a_hook_walking_the_loaded_libraries_in_before_does_not_freeze_other_threads_workers():
     # What forkstate's snapshot does (dl_iterate_phdr with a Python callback, GIL released):
     # a user hook doing the same is covered by the fork guard too.
-    code = MANY_THREADS.format(rounds=4, extra="").replace(
-        "for round in",
-        "from safeloader.forkstate import _dynamic_linker\n"
-        "safeloader.register_at_fork(before=lambda: _dynamic_linker().loaded(), name='walker')\n"
-        "for round in",
-    )
-    result = check_python(code, timeout=180)
+    result = check_script("many_threads.py", 4, "safeloader", "walker", timeout=180)
     assert result.stdout.count(" ok") == 4
 
 
-SAME_LOADER_FROM_THREADS = """
-import threading, time
-from torch.utils.data import Dataset
-import safeloader
-from safeloader import DataLoader
-
-class Items(Dataset):
-    def __len__(self):
-        return 12
-    def __getitem__(self, i):
-        return i
-
-def my_init(worker_id):
-    pass
-
-loader = DataLoader(Items(), batch_size=3, num_workers=2, worker_init_fn=my_init, stall_timeout=1.0)
-for round in range(5):
-    results = {}
-    def run(k):
-        results[k] = sorted(int(x) for batch in loader for x in batch)
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
-    for t in threads: t.start()
-    for t in threads: t.join()
-    assert all(r == list(range(12)) for r in results.values()) and len(results) == 4, results
-    assert loader.worker_init_fn is my_init, loader.worker_init_fn
-    assert loader.multiprocessing_context is None
-
-# The watchdog is still on for this loader: a stuck item is reported.
-class Stuck(Items):
-    def __getitem__(self, i):
-        if i == 5:
-            time.sleep(60)
-        return i
-loader.dataset.__class__ = Stuck
-try:
-    list(loader)
-except safeloader.WorkerStallError as error:
-    print("stall reported:", type(error).__name__)
-"""
-
-
 def test_one_loader_iterated_from_four_threads_keeps_its_attributes_and_its_watchdog():
-    result = check_python(SAME_LOADER_FROM_THREADS, timeout=150)
+    result = check_script("same_loader_from_threads.py", timeout=150)
     assert "stall reported: WorkerStallError" in result.stdout, result
 
 
@@ -148,29 +72,7 @@ def test_base_exception_in_a_parent_hook_reaches_the_user_and_later_hooks_still_
 def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_path):
     path = tmp_path / "data.bin"
     path.write_bytes(bytes(range(256)) * 64)
-    code = f"""
-import os
-import safeloader
-from safeloader import DataLoader, HookError
-from torch.utils.data import Dataset
-
-def raising():
-    raise SystemExit(3)
-
-safeloader.register_at_fork(after_in_child=raising, name="raising", priority=100)
-class D(Dataset):
-    def __init__(self):
-        self.f = open({str(path)!r}, "rb")
-    def __len__(self):
-        return 4
-    def __getitem__(self, i):
-        return i
-try:
-    list(DataLoader(D(), num_workers=1))
-except HookError as error:
-    print("HookError:", error)
-"""
-    result = check_python(code, timeout=60)
+    result = check_script("worker_hook_system_exit.py", path, timeout=60)
     expected = "fork hook 'raising' failed in phase 'after_in_child' in DataLoader worker 0: SystemExit: 3"
     assert expected in result.stdout, result
 
@@ -207,41 +109,15 @@ def test_bad_registration_arguments_are_refused_when_registering(keyword, value,
 
 # A batch the worker's result queue cannot send (here: pickling fails with EMFILE in
 # the queue's feeder thread, as when tensors' descriptors run out) is printed by
-# multiprocessing and dropped: torch's loader then waits forever.
-LOST_BATCH = """
-import errno, sys
-from torch.utils.data import Dataset
-LOADER = {loader!r}
-
-class Unsendable:
-    def __reduce__(self):
-        raise OSError(errno.EMFILE, "Too many open files")
-
-class D(Dataset):
-    def __len__(self):
-        return 4
-    def __getitem__(self, i):
-        return Unsendable() if i == 2 else i
-
-if LOADER == "torch":
-    from torch.utils.data import DataLoader
-else:
-    from safeloader import DataLoader
-try:
-    list(DataLoader(D(), batch_size=None, num_workers=1))
-except Exception as error:
-    print("RAISED", type(error).__name__, error)
-"""
-
-
+# multiprocessing and dropped: torch's loader then waits forever (children/lost_batch.py).
 @pytest.mark.torch_baseline
 def test_torch_waits_forever_for_a_batch_its_worker_could_not_send():
-    result = run_python(LOST_BATCH.format(loader="torch"), timeout=20)
+    result = run_script("lost_batch.py", "torch", timeout=20)
     assert result.timed_out, result
 
 
 def test_a_batch_the_worker_could_not_send_raises_naming_ulimit():
-    result = check_python(LOST_BATCH.format(loader="safeloader"), timeout=60)
+    result = check_script("lost_batch.py", "safeloader", timeout=60)
     assert "RAISED WorkerStallError" in result.stdout, result
     assert "could not send a batch" in result.stdout and "ulimit -n" in result.stdout, result
 
@@ -269,27 +145,10 @@ def test_near_the_open_file_limit_safeloader_works_wherever_torch_does_and_never
 
 
 def test_sigterm_leaves_nothing_of_safeloader_in_the_temp_directory():
-    code = """
-import os, signal, time
-from torch.utils.data import Dataset
-from safeloader import DataLoader
-
-class Slow(Dataset):
-    def __len__(self):
-        return 100
-    def __getitem__(self, i):
-        time.sleep(0.05)
-        return i
-
-iterator = iter(DataLoader(Slow(), num_workers=2, stall_timeout=30))
-next(iterator)
-os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(30)
-"""
     # A short TMPDIR: multiprocessing's Unix sockets live there, and their paths must fit in 107 bytes.
     temp = Path(tempfile.mkdtemp(prefix="sl", dir="/tmp"))
     try:
-        result = run_python(code, timeout=60, env={"TMPDIR": str(temp)})
+        result = run_script("sigterm_with_workers.py", timeout=60, env={"TMPDIR": str(temp)})
         assert not result.timed_out and result.returncode == -15, result
         assert [p.name for p in temp.iterdir() if p.name.startswith("safeloader")] == []
     finally:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 
-from .subproc import run_python
+from .subproc import CHILDREN, run_script
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,87 +27,6 @@ ROW = 64
 WORLD = 2
 EPOCHS = 2
 WORKERS = 2
-
-RANK_SCRIPT = r'''
-import json
-import os
-import sys
-
-import numpy as np
-import torch
-import torch.distributed as dist
-import zarr
-from torch.utils.data import Dataset, DistributedSampler
-
-import safeloader
-
-zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-which, array_path, out_dir, epochs, workers, batch_timeout = sys.argv[1:7]
-epochs, workers, batch_timeout = int(epochs), int(workers), float(batch_timeout)
-Loader = safeloader.DataLoader if which == "safeloader" else torch.utils.data.DataLoader
-
-
-class ZarrRows(Dataset):
-    """Item i: (i, pid of the reader, row i of the array). A row spans several chunks of a shard."""
-
-    def __init__(self, path):
-        self.array = zarr.open_array(path, mode="r")
-
-    def __len__(self):
-        return self.array.shape[0]
-
-    def __getitem__(self, index):
-        return index, os.getpid(), torch.from_numpy(self.array[index])
-
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-dataset = ZarrRows(array_path)
-direct = dataset.array[:]  # the rank reads through zarrs first: its Rust pool now runs
-
-armed_log = os.path.join(out_dir, f"armed-{rank}")
-
-
-def record_armed_worker():
-    context = safeloader.fork_context()
-    with open(armed_log, "a") as f:
-        f.write(f"{os.getpid()} {context.worker_id} {context.num_workers}\n")
-
-
-safeloader.register_at_fork(after_in_child=record_armed_worker, name="test.ddp_armed")
-
-sampler = DistributedSampler(dataset, shuffle=True, seed=7)
-loader = Loader(dataset, batch_size=4, sampler=sampler, num_workers=workers, timeout=batch_timeout)
-report = {"rank": rank, "world": world, "pid": os.getpid(), "epochs": []}
-for epoch in range(epochs):
-    sampler.set_epoch(epoch)
-    expected_order = list(sampler)  # torch's own DistributedSampler order for this epoch
-    # A gloo collective runs on gloo's threads while this rank forks its workers.
-    in_flight = dist.all_reduce(torch.ones(1), async_op=True)
-    seen, reader_pids, mismatches = [], [], 0
-    for indices, pids, rows in loader:
-        mismatches += int(not np.array_equal(rows.numpy(), direct[indices.numpy()]))
-        seen += indices.tolist()
-        reader_pids += pids.tolist()
-    in_flight.wait()
-    everyone = [None] * world
-    dist.all_gather_object(everyone, seen)
-    report["epochs"].append(
-        {"seen": seen, "expected_order": expected_order, "reader_pids": sorted(set(reader_pids)),
-         "mismatched_batches": mismatches, "all_ranks": everyone}
-    )
-with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-    json.dump(report, f)
-dist.destroy_process_group()
-'''
-
-TORCHRUN = """
-import sys
-from torch.distributed.run import main
-sys.argv = {argv!r}
-main()
-"""
-
 
 @pytest.fixture(scope="module")
 def chunked_array(tmp_path_factory) -> tuple[str, np.ndarray]:
@@ -124,12 +43,9 @@ def chunked_array(tmp_path_factory) -> tuple[str, np.ndarray]:
 
 
 def run_ranks(tmp_path, array_path: str, which: str, batch_timeout: float, deadline: float):
-    out_dir = tmp_path / f"out-{which}"  # not a module name: the script's folder is on sys.path
+    out_dir = tmp_path / f"out-{which}"
     out_dir.mkdir()
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
     argv = [
-        "torchrun",
         "--nnodes=1",
         f"--nproc-per-node={WORLD}",
         "--rdzv-backend=c10d",
@@ -137,11 +53,11 @@ def run_ranks(tmp_path, array_path: str, which: str, batch_timeout: float, deadl
         f"--rdzv-id={uuid.uuid4().hex}",
         "--max-restarts=0",
         "--monitor-interval=0.2",
-        str(script),
+        str(CHILDREN / "ddp_rank.py"),
         which, array_path, str(out_dir), str(EPOCHS), str(WORKERS), str(batch_timeout),
     ]
     env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    result = run_python(TORCHRUN.format(argv=argv), timeout=deadline, env=env)
+    result = run_script("torchrun.py", *argv, timeout=deadline, env=env)
     return result, out_dir
 
 
@@ -192,80 +108,13 @@ def test_same_ranks_with_torch_loader_hang_in_the_workers(tmp_path, chunked_arra
 
 # -- threads at fork: another loader's pin-memory thread ------------------------
 
-PIN_THREAD_SCRIPT = r'''
-import ctypes
-import os
-import queue
-import sys
-import threading
-
-import psutil
-import torch
-import torch.utils.data._utils.pin_memory as pin_module
-
-import safeloader
-
-which = sys.argv[1]
-libc = ctypes.CDLL(None)
-cxa_atexit, cxa_finalize = libc.__cxa_atexit, libc.__cxa_finalize
-cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-cxa_finalize.argtypes = [ctypes.c_void_p]
-getpid = ctypes.cast(libc.getpid, ctypes.c_void_p).value
-for _ in range(200_000):  # a long atexit list: scanning it holds glibc's lock for milliseconds
-    cxa_atexit(getpid, None, 0x1000)
-
-
-class Batch:
-    """Pinning it does what pinning on an accelerator can do: hold glibc's atexit-list
-    lock (taken by any first-time C++ static initialisation) with the GIL released."""
-
-    def pin_memory(self):
-        cxa_finalize(0x2000)  # matches no entry: a pure scan under the lock
-        return self
-
-
-# torch's own pin-memory loop, as a first loader runs it; this CPU-only torch has
-# no accelerator, and setting the device is the loop's only other native call.
-torch.accelerator.set_device_index = lambda index: None
-done = threading.Event()
-in_queue, out_queue = queue.Queue(4), queue.Queue()
-threading.Thread(target=pin_module._pin_memory_loop, args=(in_queue, out_queue, 0, done, "cpu"), daemon=True).start()
-
-
-def feed():
-    while True:
-        in_queue.put((0, Batch()))
-        while not out_queue.empty():
-            out_queue.get()
-
-
-threading.Thread(target=feed, daemon=True).start()
-
-# A second loader forks its workers meanwhile, over and over.
-Loader = safeloader.DataLoader if which == "safeloader" else torch.utils.data.DataLoader
-for attempt in range(20):
-    try:
-        batches = list(Loader(range(8), batch_size=2, num_workers=2, timeout=5))
-    except RuntimeError as error:
-        print(f"attempt {attempt}: {error}", flush=True)
-        for worker in psutil.Process().children(recursive=True):
-            worker.kill()  # the hung worker would hold our output pipes open
-        os._exit(3)
-    assert torch.cat(batches).tolist() == list(range(8))
-print("20 loaders ok", flush=True)
-os._exit(0)  # skip the 200000 atexit calls
-'''
-
-
 @pytest.mark.parametrize("which", ["safeloader", "torch"])
 def test_second_loader_forks_safely_while_a_pin_memory_thread_pins(tmp_path, which):
     # torch issue 130610: a pin-memory thread inside native code at a fork can
     # leave glibc's atexit lock held in the worker, which then hangs at its
     # first C++ static initialisation (torch.Generator() in torch's worker loop).
     # safeloader's "pin_memory" backend makes worker forks wait for pin_memory() calls.
-    script = tmp_path / "pin_thread.py"
-    script.write_text(PIN_THREAD_SCRIPT)
-    result = run_python(f"import runpy, sys; sys.argv = {[str(script), which]!r}; runpy.run_path(sys.argv[0])", 90)
+    result = run_script("pin_thread.py", which, timeout=90)
     assert not result.timed_out, str(result)
     if which == "safeloader":
         assert result.returncode == 0 and "20 loaders ok" in result.stdout, str(result)

@@ -7,23 +7,12 @@ import sys
 
 import pytest
 
-from .subproc import check_python, run_python
+from .subproc import check_python, check_script, run_python
 
 pytestmark = pytest.mark.timeout(120)
 
-DECODE_WITH_ZARRS = """
-import os, tempfile
-import numpy as np, zarr, zarrs
-zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-path = os.path.join(tempfile.mkdtemp(), "a.zarr")
-array = zarr.create_array(path, shape=(4, 128, 128), chunks=(1, 32, 32), dtype="float32")
-array[:] = 1.0
-assert zarr.open_array(path, mode="r")[0:2].sum() == 2 * 128 * 128  # a multi-chunk decode: rayon's pool starts
-"""
-
-
 def test_doctor_names_zarrs_pool_as_live_after_a_parent_decode():
-    result = check_python(DECODE_WITH_ZARRS + "import safeloader\nsafeloader.doctor()\n", timeout=90)
+    result = check_script("doctor_after_zarrs_decode.py", timeout=90)
     out = result.stdout
     assert "zarrs' rayon pool is live" in out, out
     line = next(i for i, text in enumerate(out.splitlines()) if "zarrs' rayon pool is live" in text)
@@ -56,27 +45,7 @@ def test_doctor_json_with_imports_lists_hooks_hazards_and_versions():
 
 
 def test_doctor_reports_open_npz_and_h5py_handles_and_other_threads():
-    code = """
-import os, tempfile, threading
-import numpy as np, h5py
-import safeloader
-root = tempfile.mkdtemp()
-np.savez(os.path.join(root, "x.npz"), a=np.arange(3))
-archive = np.load(os.path.join(root, "x.npz"))
-with h5py.File(os.path.join(root, "f.h5"), "w") as f:
-    f["x"] = np.arange(3)
-handle = h5py.File(os.path.join(root, "f.h5"), "r")
-stop = threading.Event()
-thread = threading.Thread(target=stop.wait, name="busy-helper"); thread.start()
-report = safeloader.doctor(file=None)
-stop.set(); thread.join()
-what = [h["what"] for h in report["live_at_fork"]]
-assert any("open npz archive" in w and "x.npz" in w for w in what), what
-assert any("open h5py file" in w and "f.h5" in w for w in what), what
-assert any("busy-helper" in w for w in what), what
-print("ok")
-"""
-    assert check_python(code, timeout=90).stdout.strip() == "ok"
+    assert check_script("doctor_open_handles.py", timeout=90).stdout.strip() == "ok"
 
 
 def test_unknown_import_is_a_clear_error():

@@ -1,7 +1,4 @@
-"""Plain files opened in a Dataset's __init__ read correctly in forked workers.
-
-Also holds the random-read harness the npz and h5py tests share.
-"""
+"""Plain files opened in a Dataset's __init__ read correctly in forked workers."""
 
 from __future__ import annotations
 
@@ -9,9 +6,7 @@ import errno
 import fcntl
 import os
 import pickle
-import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,161 +17,18 @@ import safeloader
 from safeloader import DataLoader
 from safeloader.backends import files as files_backend
 
-from .subproc import run_python
+from .helpers import (
+    RECORD,
+    Records,
+    assert_torch_loader_fails,
+    check_random_reads,
+    check_workers_and_parent,
+    direct_records,
+    random_loader,
+    write_records,
+)
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(60)]
-
-RECORD = 64  # bytes per record
-COUNT = 512  # records per file
-SECONDS = 2.0  # of random reads per case
-REPO = str(Path(__file__).resolve().parent.parent)
-
-
-# -- shared harness ----------------------------------------------------------------
-
-
-def random_loader(loader_class, dataset, num_workers: int = 4, **kwargs):
-    """4 workers reading random items, with replacement, more than anyone will read."""
-    sampler = RandomSampler(dataset, replacement=True, num_samples=10**7)
-    return loader_class(dataset, batch_size=8, sampler=sampler, num_workers=num_workers, **kwargs)
-
-
-MIN_ITEMS = 104
-"""check_random_reads reads at least this many items, however long a loaded machine takes."""
-
-
-def check_random_reads(loader, expected: np.ndarray, seconds: float = SECONDS, parent_check=None) -> int:
-    """Read items ``(index, values)`` for ``seconds`` (and at least ``MIN_ITEMS``); every value must
-    equal ``expected[index]``.
-
-    ``parent_check`` runs in the parent after each batch (its own reads, while
-    workers run). Returns the number of items checked.
-    """
-    checked = 0
-    iterator = iter(loader)
-    start = time.monotonic()
-    try:
-        for index, values in iterator:
-            want = torch.from_numpy(expected[index.numpy()])
-            wrong = (values != want).flatten(1).any(1)
-            assert not wrong.any(), f"{int(wrong.sum())} wrong items of {len(index)}, indices {index[wrong].tolist()}"
-            checked += len(index)
-            if parent_check is not None:
-                parent_check()
-            if time.monotonic() - start > seconds and checked >= MIN_ITEMS:
-                break
-    finally:
-        iterator._shutdown_workers()
-    return checked
-
-
-def check_workers_and_parent(dataset, expected: np.ndarray) -> None:
-    """4 workers read random items for a few seconds through the handles ``dataset`` opened in
-    ``__init__``, while the parent reads through the same handles after each batch; every
-    value must equal the direct read ``expected``."""
-    rng = np.random.default_rng(1)
-
-    def parent_reads() -> None:
-        i = int(rng.integers(len(expected)))
-        assert (dataset[i][1] == expected[i]).all()
-
-    checked = check_random_reads(random_loader(DataLoader, dataset), expected, parent_check=parent_reads)
-    assert checked > 100
-    parent_reads()
-
-
-def count_failures(loader, expected: np.ndarray, seconds: float) -> tuple[int, int, str]:
-    """Like ``check_random_reads``, but counts wrong items and errors; stops at the first
-    failure or after ``seconds``. Returns (items read, wrong items, first error)."""
-    checked = wrong = 0
-    error = ""
-    iterator = iter(loader)
-    start = time.monotonic()
-    try:
-        while time.monotonic() - start < seconds and not (wrong or error):
-            index, values = next(iterator)
-            want = torch.from_numpy(expected[index.numpy()])
-            wrong += int((values != want).flatten(1).any(1).sum())
-            checked += len(index)
-    except Exception as exc:  # a worker's read failed: torch re-raises it here
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    finally:
-        iterator._shutdown_workers()
-    return checked, wrong, error
-
-
-def torch_failure_script(setup: str, seconds: float = 20.0) -> str:
-    """Code for a fresh interpreter: the same Dataset under torch's own DataLoader."""
-    return f"""
-        import sys, warnings
-        sys.path.insert(0, {REPO!r})
-        warnings.simplefilter("ignore")
-        import torch.utils.data
-        from tests.test_files import count_failures, random_loader
-        {setup}
-        checked, wrong, error = count_failures(random_loader(torch.utils.data.DataLoader, dataset), expected, {seconds})
-        print("RESULT", checked, wrong, repr(error))
-    """
-
-
-def assert_torch_loader_fails(setup: str, tries: int = 1) -> str:
-    """Run ``setup``'s Dataset under torch's own DataLoader in a fresh interpreter:
-    it must return wrong data, raise, or hang (killed at the deadline). Returns what happened.
-    ``tries`` > 1 for races that a run can miss (processes sharing one connection may
-    happen to take turns): the failure must show in one of that many runs."""
-    for _ in range(tries):
-        result = run_python(torch_failure_script(setup), timeout=60)
-        if result.timed_out:
-            return "hang"
-        assert result.returncode == 0, f"the script itself failed:\n{result}"
-        line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
-        _, checked, wrong, error = line.split(" ", 3)
-        if int(wrong) > 0 or error != "''":
-            return f"{wrong} wrong items of {checked}" if int(wrong) else error
-    raise AssertionError(f"torch's loader read {checked} items correctly in {tries} run(s): the failure was not shown")
-
-
-# -- plain files -------------------------------------------------------------------
-
-
-def write_records(directory: Path, count: int = COUNT, seed: int = 0) -> tuple[Path, Path, np.ndarray]:
-    """A binary file of ``count`` records and a text file of the same records in hex."""
-    data = np.random.default_rng(seed).integers(0, 256, (count, RECORD), dtype=np.uint8)
-    binary, text = directory / "records.bin", directory / "records.txt"
-    data.tofile(binary)
-    text.write_text("".join(row.tobytes().hex() + "\n" for row in data))
-    return binary, text, data
-
-
-class Records(Dataset):
-    """Reads record i through four handles opened here: buffered, unbuffered, text, raw descriptor."""
-
-    def __init__(self, binary: str, text: str) -> None:
-        self.buffered = open(binary, "rb")
-        self.unbuffered = open(binary, "rb", buffering=0)
-        self.text = open(text)
-        self.fd = os.open(binary, os.O_RDONLY)
-        self.count = os.path.getsize(binary) // RECORD
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int):
-        self.buffered.seek(i * RECORD)
-        a = self.buffered.read(RECORD)
-        self.unbuffered.seek(i * RECORD)
-        b = self.unbuffered.read(RECORD)
-        self.text.seek(i * (2 * RECORD + 1))
-        c = bytes.fromhex(self.text.readline().strip())
-        os.lseek(self.fd, i * RECORD, os.SEEK_SET)
-        d = os.read(self.fd, RECORD)
-        return i, np.stack([np.frombuffer(x, np.uint8) for x in (a, b, c, d)])
-
-
-def direct_records(binary: Path) -> np.ndarray:
-    """Expected values: a direct read of the file, once per handle kind."""
-    data = np.fromfile(binary, np.uint8).reshape(-1, RECORD)
-    return np.repeat(data[:, None, :], 4, axis=1)
 
 
 def test_plain_files_opened_in_init_read_correctly_in_4_workers(tmp_path):
@@ -190,13 +42,7 @@ def test_plain_files_opened_in_init_read_correctly_in_4_workers(tmp_path):
 @pytest.mark.timeout(90)
 def test_same_plain_files_under_torch_loader_give_wrong_data_or_errors(tmp_path):
     binary, text, _ = write_records(tmp_path)
-    setup = f"""
-        from tests.test_files import Records, direct_records
-        from pathlib import Path
-        dataset = Records({str(binary)!r}, {str(text)!r})
-        expected = direct_records(Path({str(binary)!r}))
-    """
-    assert_torch_loader_fails(setup)
+    assert_torch_loader_fails("tests.helpers:records_case", str(binary), str(text))
 
 
 def test_parent_offset_and_buffer_are_untouched_by_workers(tmp_path):

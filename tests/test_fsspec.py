@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 import fsspec
-import numpy as np
 import pytest
 from torch.utils.data import Dataset
 
-from benchmarks.http_server import COUNT, RECORD, Server
+from benchmarks.http_server import RECORD, Server
 from safeloader import DataLoader
 
-from .test_files import assert_torch_loader_fails, check_workers_and_parent
+from .helpers import assert_torch_loader_fails, check_workers_and_parent
+from .http_data import HttpFsRecords
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
-
-class HttpFsRecords(Dataset):
-    """Item i: ``/r/i`` through an fsspec HTTP filesystem, or record i of ``/blob`` through
-    a file object, both made here and used by the parent first."""
-
-    def __init__(self, base: str, through: str) -> None:
-        self.base, self.through = base, through
-        self.fs = fsspec.filesystem("http")
-        if through == "file":
-            self.file = self.fs.open(base + "/blob", "rb", block_size=4 * RECORD)
-        self[0]
-
-    def __len__(self) -> int:
-        return COUNT
-
-    def __getitem__(self, i: int):
-        if self.through == "file":
-            self.file.seek(i * RECORD)
-            body = self.file.read(RECORD)
-        else:
-            body = self.fs.cat(f"{self.base}/r/{i}")
-        return i, np.frombuffer(body, np.uint8).copy()
 
 
 @pytest.mark.parametrize("through", ["filesystem", "file"])
@@ -51,14 +29,7 @@ def test_http_filesystem_and_files_made_in_init_work_in_4_workers(through):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("through", ["filesystem", "file"])
 def test_same_dataset_under_torch_loader_fails_or_hangs(through):
-    setup = f"""
-        from benchmarks.http_server import Server
-        from tests.test_fsspec import HttpFsRecords
-        server = Server(lifetime=100).start()
-        dataset = HttpFsRecords(server.base, {through!r})
-        expected = server.data
-    """
-    assert_torch_loader_fails(setup)
+    assert_torch_loader_fails("tests.http_data:http_fs_case", through)
 
 
 def test_filesystem_is_the_workers_cached_instance_after_rebuild():

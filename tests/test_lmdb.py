@@ -2,53 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import lmdb
-import numpy as np
 import pytest
-import torch
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset
 
 from safeloader import DataLoader, get_options
 from safeloader.backends.lmdb import LmdbWritableError
 
-from .subproc import run_python
+from .lmdb_data import COUNT, LmdbRecords, epoch, write_env
+from .subproc import run_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
-
-RECORD = 16
-COUNT = 600  # items per epoch: far more read transactions per worker than LMDB's 126 reader slots
-REPO = str(Path(__file__).resolve().parent.parent)
-
-
-def write_env(path: Path, seed: int = 0) -> np.ndarray:
-    data = np.random.default_rng(seed).integers(0, 256, (COUNT, RECORD), dtype=np.uint8)
-    with lmdb.open(str(path), map_size=1 << 24) as env, env.begin(write=True) as txn:
-        for i, row in enumerate(data):
-            txn.put(b"%d" % i, row.tobytes())
-    return data
-
-
-class LmdbRecords(Dataset):
-    """Item i: key ``i``, read in a fresh read transaction of the environment opened here."""
-
-    def __init__(self, path: str, readonly: bool = True) -> None:
-        self.env = lmdb.open(path, readonly=readonly, lock=True)
-        self[0]  # the parent reads first
-
-    def __len__(self) -> int:
-        return COUNT
-
-    def __getitem__(self, i: int):
-        with self.env.begin() as txn:
-            return i, np.frombuffer(txn.get(b"%d" % i), np.uint8).copy()
-
-
-def epoch(loader) -> tuple[np.ndarray, np.ndarray]:
-    indices, values = zip(*[(i, v) for i, v in loader])
-    return torch.cat(indices).numpy(), torch.cat(values).numpy()
-
 
 def test_environment_opened_in_init_serves_a_whole_epoch_in_2_workers(tmp_path):
     data = write_env(tmp_path / "db")
@@ -75,21 +38,7 @@ def test_environments_in_nested_datasets_and_containers_are_reopened(tmp_path):
 @pytest.mark.timeout(120)
 def test_same_environment_under_torch_loader_runs_out_of_reader_slots(tmp_path):
     write_env(tmp_path / "db")
-    result = run_python(
-        f"""
-        import sys
-        sys.path.insert(0, {REPO!r})
-        import torch.utils.data
-        from tests.test_lmdb import LmdbRecords, epoch
-        dataset = LmdbRecords({str(tmp_path / "db")!r})
-        try:
-            epoch(torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2))
-            print("RESULT ok")
-        except Exception as exc:
-            print("RESULT", type(exc).__name__, exc)
-        """,
-        timeout=90,
-    )
+    result = run_script("lmdb_under_torch.py", tmp_path / "db", timeout=90)
     assert not result.timed_out, result
     assert "RESULT" in result.stdout and "MDB_READERS_FULL" in result.stdout, result
 

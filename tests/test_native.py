@@ -11,7 +11,7 @@ import pytest
 import safeloader
 from safeloader import native
 
-from .subproc import check_python
+from .subproc import check_python, check_script
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,96 +27,23 @@ def test_native_extension_is_built_when_expected():
     )
 
 
-BOTH = """
-import os, threading, time
-from safeloader import _native, _native_fallback
-"""
-
-
 def test_thread_ids_agree_with_threads_running():
-    result = check_python(
-        BOTH
-        + """
-stop = threading.Event()
-threads = [threading.Thread(target=stop.wait) for _ in range(3)]
-for t in threads: t.start()
-a, b = _native.thread_ids(), _native_fallback.thread_ids()
-stop.set()
-for t in threads: t.join()
-assert a == b, (a, b)
-assert len(a) == 4 and set(t.native_id for t in threads) < set(a), a
-print("ok")
-""",
-        timeout=30,
-    )
+    result = check_script("native_parity.py", "thread_ids", timeout=30)
     assert result.stdout.strip() == "ok"
 
 
 def test_descriptor_table_agrees_and_describes_each_descriptor():
-    result = check_python(
-        BOTH
-        + """
-import socket, stat
-listener = socket.socket()
-f = open(__import__("sys").executable, "rb")
-r, w = os.pipe()
-a, b = _native.descriptor_table(), _native_fallback.descriptor_table()
-assert a == b, (a, b)
-table = {fd: (mode, dev, ino) for fd, mode, dev, ino in a}
-assert stat.S_ISSOCK(table[listener.fileno()][0]) and stat.S_ISFIFO(table[r][0]), table
-st = os.fstat(f.fileno())
-assert table[f.fileno()] == (st.st_mode, st.st_dev, st.st_ino), table
-assert sorted(table) == sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) in table), table
-print("ok")
-""",
-        timeout=30,
-    )
+    result = check_script("native_parity.py", "descriptor_table", timeout=30)
     assert result.stdout.strip() == "ok"
 
 
 def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
-    result = check_python(
-        BOTH
-        + """
-import sys
-f = open(sys.executable, "rb")
-f.read(1000)
-r, w = os.pipe()
-a, b = _native.regular_file_offsets(), _native_fallback.regular_file_offsets()
-assert a == b, (a, b)
-found = {fd: (dev, ino, offset) for fd, dev, ino, offset in a}
-st = os.fstat(f.fileno())
-assert found[f.fileno()] == (st.st_dev, st.st_ino, os.lseek(f.fileno(), 0, os.SEEK_CUR)), found
-assert r not in found and w not in found, found
-print("ok")
-""",
-        timeout=30,
-    )
+    result = check_script("native_parity.py", "regular_file_offsets", timeout=30)
     assert result.stdout.strip() == "ok"
 
 
 def test_fork_generation_agrees_across_os_fork():
-    result = check_python(
-        BOTH
-        + """
-assert _native.fork_generation() == _native_fallback.fork_generation() == 0
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    pid2 = os.fork()
-    if pid2 == 0:
-        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\\n".encode())
-        os._exit(0)
-    os.waitpid(pid2, 0)
-    os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\\n".encode())
-    os._exit(0)
-os.waitpid(pid, 0)
-os.close(w)
-print(sorted(os.read(r, 100).decode().split("\\n")))
-assert _native.fork_generation() == 0
-""",
-        timeout=30,
-    )
+    result = check_script("native_parity.py", "fork_generation", timeout=30)
     assert result.stdout.strip() == "['', '1 1', '2 2']"
 
 
@@ -124,21 +51,7 @@ def test_native_counter_sees_forks_that_bypass_os_fork():
     # libc's fork() called directly, as a C library would: os.register_at_fork
     # handlers do not run, pthread_atfork handlers do. The fallback's
     # documented gap is the reason the extension exists.
-    result = check_python(
-        BOTH
-        + """
-import ctypes
-libc = ctypes.PyDLL(None)  # PyDLL: keep the GIL held across the call
-r, w = os.pipe()
-pid = libc.fork()
-if pid == 0:
-    os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}".encode())
-    os._exit(0)
-os.waitpid(pid, 0)
-print(os.read(r, 100).decode())
-""",
-        timeout=30,
-    )
+    result = check_script("native_parity.py", "libc_fork", timeout=30)
     assert result.stdout.strip() == "1 0"
 
 
@@ -192,26 +105,12 @@ def test_extension_and_fallback_have_the_same_functions_and_parameters():
 def test_executing_the_module_again_counts_each_fork_once():
     # Multi-phase init runs the module's exec slot on each fresh import; the
     # pthread_atfork handler must still be registered once per process.
-    result = check_python(
-        """
-import importlib, os, sys
-from safeloader import _native as first
-del sys.modules["safeloader._native"]
-second = importlib.import_module("safeloader._native")
-assert second is not first
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.write(w, f"{first.fork_generation()} {second.fork_generation()}".encode())
-    os._exit(0)
-os.waitpid(pid, 0)
-print(os.read(r, 100).decode())
-""",
-        timeout=30,
-    )
+    result = check_script("native_reimport.py", timeout=30)
     assert result.stdout.strip() == "1 1"
 
 
+# Source text for interpreters.run_string (a subinterpreter runs a string, not a file); it stays a
+# string, formatted with the extension's path in the outer child.
 IN_OWN_GIL_INTERPRETER = """
 import importlib.util
 spec = importlib.util.spec_from_file_location("safeloader._native", {path!r})

@@ -2,57 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from torch.utils.data import Dataset
 
 from safeloader import DataLoader
 from safeloader.backends import npz as npz_backend
 
-from .test_files import (
-    RECORD,
+from .helpers import (
+    Archives,
     assert_torch_loader_fails,
     check_random_reads,
     check_workers_and_parent,
+    direct_archives,
     random_loader,
+    write_archives,
 )
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(60)]
-
-MEMBERS = 200
-
-
-def write_archives(directory: Path, seed: int = 0) -> tuple[Path, Path, np.ndarray]:
-    """The same ``MEMBERS`` arrays in a stored and in a deflate-compressed archive."""
-    data = np.random.default_rng(seed).integers(0, 256, (MEMBERS, RECORD), dtype=np.uint8)
-    members = {f"m{i}": row for i, row in enumerate(data)}
-    plain, compressed = directory / "plain.npz", directory / "compressed.npz"
-    np.savez(plain, **members)
-    np.savez_compressed(compressed, **members)
-    return plain, compressed, data
-
-
-class Archives(Dataset):
-    """Item i: member ``m{i}`` of both archives, opened here with np.load."""
-
-    def __init__(self, plain: str, compressed: str) -> None:
-        self.plain = np.load(plain)
-        self.compressed = np.load(compressed)
-
-    def __len__(self) -> int:
-        return MEMBERS
-
-    def __getitem__(self, i: int):
-        return i, np.stack([self.plain[f"m{i}"], self.compressed[f"m{i}"]])
-
-
-def direct_archives(plain: Path, compressed: Path) -> np.ndarray:
-    """Expected values: a fresh np.load of each archive, read in this process."""
-    with np.load(plain) as p, np.load(compressed) as c:
-        return np.stack([np.stack([p[f"m{i}"], c[f"m{i}"]]) for i in range(MEMBERS)])
-
 
 def test_npz_plain_and_compressed_read_correctly_in_4_workers(tmp_path):
     plain, compressed, data = write_archives(tmp_path)
@@ -66,13 +32,7 @@ def test_npz_plain_and_compressed_read_correctly_in_4_workers(tmp_path):
 @pytest.mark.timeout(90)
 def test_same_npz_dataset_under_torch_loader_fails(tmp_path):
     plain, compressed, _ = write_archives(tmp_path)
-    setup = f"""
-        from pathlib import Path
-        from tests.test_npz import Archives, direct_archives
-        dataset = Archives({str(plain)!r}, {str(compressed)!r})
-        expected = direct_archives(Path({str(plain)!r}), Path({str(compressed)!r}))
-    """
-    assert_torch_loader_fails(setup)
+    assert_torch_loader_fails("tests.helpers:archives_case", str(plain), str(compressed))
 
 
 def test_npz_from_a_file_object_and_deleted_archive(tmp_path):

@@ -7,30 +7,14 @@ import threading
 
 import pytest
 
-from .subproc import check_python
+from .subproc import check_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(60)]
 
 
 def test_uninstall_restores_torchs_own_pin_memory_function():
     # A fresh interpreter: this pytest process may hold the gate from other tests.
-    code = """
-        import torch.utils.data._utils.pin_memory as pin_module
-        original = pin_module.pin_memory
-        import torch.utils.data
-        import safeloader
-
-        safeloader.install()
-        batches = list(torch.utils.data.DataLoader(range(8), batch_size=2, num_workers=2))
-        assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]], batches
-        assert pin_module.pin_memory is not original, "the armed start did not install the gate"
-        safeloader.uninstall()
-        assert pin_module.pin_memory is original, pin_module.pin_memory
-        safeloader.uninstall()  # harmless twice
-        assert pin_module.pin_memory is original
-        print("restored")
-    """
-    assert "restored" in check_python(code, timeout=50).stdout
+    assert "restored" in check_script("pin_memory_restored.py", timeout=50).stdout
 
 
 def test_remove_gate_is_idempotent_and_the_next_armed_start_reinstalls_it():

@@ -10,63 +10,21 @@ from __future__ import annotations
 import http.client
 import os
 import socket
-import ssl
-from pathlib import Path
 
-import numpy as np
 import pytest
-import requests
-import urllib3
 from torch.utils.data import Dataset
 
-from benchmarks.http_server import COUNT, RECORD, Server
+from benchmarks.http_server import Server
 from safeloader import DataLoader
 from safeloader.backends import sockets as sockets_backend
 
-from .test_files import assert_torch_loader_fails, check_workers_and_parent
+from .helpers import assert_torch_loader_fails, check_workers_and_parent
+from .http_data import CERTIFICATE, HttpRecords
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
-# A self-signed certificate and key for 127.0.0.1 (valid until 2126), for the TLS server.
-CERTIFICATE = str(Path(__file__).resolve().parent / "data" / "localhost.pem")
 CLIENTS = ("requests", "urllib3", "http.client", "requests over TLS", "http.client over TLS")
 
-
-class HttpRecords(Dataset):
-    """Item i: ``/r/i`` fetched through one keep-alive client made here, used once by the parent."""
-
-    def __init__(self, base: str, client: str) -> None:
-        self.base, self.client = base, client.removesuffix(" over TLS")
-        if self.client == "requests":
-            self.session = requests.Session()
-        elif self.client == "urllib3":
-            self.pool = urllib3.PoolManager(maxsize=1)
-        else:
-            host, port = base.split("://")[1].split(":")
-            if base.startswith("https"):
-                context = ssl.create_default_context(cafile=CERTIFICATE)
-                self.connection = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
-            else:
-                self.connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        self[0]  # the parent uses the connection first: it stays open (keep-alive)
-
-    def fetch(self, path: str) -> bytes:
-        if self.client == "requests":
-            # verify per request: a REQUESTS_CA_BUNDLE in the environment overrides Session.verify
-            return self.session.get(self.base + path, timeout=10, verify=CERTIFICATE).content
-        if self.client == "urllib3":
-            return self.pool.request("GET", self.base + path, timeout=10).data
-        self.connection.request("GET", path)
-        return self.connection.getresponse().read()
-
-    def __len__(self) -> int:
-        return COUNT
-
-    def __getitem__(self, i: int):
-        body = self.fetch(f"/r/{i}")
-        if len(body) != RECORD:  # another record's or response's bytes: count it as wrong
-            body = (body + bytes(RECORD))[:RECORD]
-        return i, np.frombuffer(body, np.uint8).copy()
 
 
 def parent_socket(dataset: HttpRecords) -> socket.socket:
@@ -93,14 +51,7 @@ def test_keep_alive_clients_made_in_init_read_correct_bytes_in_4_workers(client)
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_same_clients_under_torch_loader_read_wrong_bytes_or_fail(client):
-    setup = f"""
-        from benchmarks.http_server import Server
-        from tests.test_sockets import CERTIFICATE, HttpRecords
-        server = Server(certificate=CERTIFICATE if {client.endswith("TLS")!r} else None).start()
-        dataset = HttpRecords(server.base, {client!r})
-        expected = server.data
-    """
-    assert_torch_loader_fails(setup, tries=3)
+    assert_torch_loader_fails("tests.http_data:http_case", client, tries=3)
 
 
 class InheritedSockets(Dataset):

@@ -19,77 +19,19 @@ from safeloader import forkstate
 from safeloader._options import available_cores
 from safeloader.backends import threadpools
 
-from .subproc import check_python, run_python
+from .subproc import check_python, check_script, run_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(120)]
 
 CORES = available_cores()
 
-# Shared by the child scripts: an OpenMP parallel region at libgomp's default
-# thread count, as a C extension built with -fopenmp runs it (torch's own ops
-# use torch's count instead), and the pool counts threadpoolctl reports.
-PRELUDE = """
-import ctypes, json, os, sys, time
-import numpy, threadpoolctl, torch
-from torch.utils.data import Dataset
-import safeloader
-
-_gomp = ctypes.CDLL(os.path.join(torch.__path__[0], "lib", "libgomp.so.1"))
-_REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-def openmp_team_size():
-    sizes = []
-    body = _REGION(lambda _: sizes.append(_gomp.omp_get_num_threads()))
-    _gomp.GOMP_parallel(body, None, 0, 0)  # 0 threads: the default (ICV) count
-    return max(sizes)
-
-def pools():
-    return {i["internal_api"]: i["num_threads"] for i in threadpoolctl.threadpool_info()}
-
-class Report(Dataset):
-    '''Each item: the worker's pool counts, after running OpenMP code both ways.'''
-    def __len__(self):
-        return 4
-    def __getitem__(self, index):
-        team = openmp_team_size()
-        total = float((torch.ones(1500, 1500) * 2).sum())  # torch's own parallel region
-        return json.dumps({"pools": pools(), "torch": torch.get_num_threads(), "team": team, "total": total})
-
-def settle():
-    # Threads of the previous loader (queue feeders) may still be exiting: a thread the
-    # fork-time record cannot attribute makes the backend assume OpenMP is live (1 thread).
-    deadline = time.monotonic() + 10
-    while safeloader.native.thread_census().foreign and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-def run(loader):
-    settle()
-    iterator = iter(loader)
-    try:
-        return [json.loads(item) for item in iterator]
-    finally:
-        iterator._shutdown_workers()  # at once, also after a worker error
-"""
-
+# The loaders run in child scripts, tests/children/threadpools_*.py; what they share (an OpenMP
+# region at libgomp's default count, the pool counts, a reporting Dataset) is children/threadpool_report.py.
 
 @pytest.fixture(scope="module")
 def fresh_parent() -> dict:
     """Loaders started from a parent that never ran an OpenMP parallel region."""
-    code = PRELUDE + """
-out = {"parent_before": pools(), "torch_before": torch.get_num_threads()}
-out["default"] = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2))
-out["per_loader"] = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2, thread_budget=2))
-previous = safeloader.configure(thread_budget=2)
-out["configured"] = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2))
-safeloader.configure(thread_budget=previous.thread_budget)
-out["disabled"] = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2,
-                                            disable_hooks={"threadpools"}))
-out["torch"] = run(torch.utils.data.DataLoader(Report(), batch_size=None, num_workers=2))
-out["parent_after"] = pools()
-out["torch_after"] = torch.get_num_threads()
-print(json.dumps(out))
-"""
-    result = check_python(code, timeout=90)
+    result = check_script("threadpools_fresh_parent.py", timeout=90)
     return json.loads(result.stdout.splitlines()[-1])
 
 
@@ -134,21 +76,8 @@ def test_results_match_a_direct_read(fresh_parent):
         assert [item["total"] for item in fresh_parent[key]] == [expected] * 4
 
 
-OPENMP_PARENT = PRELUDE + """
-torch.set_num_threads(2)
-parent_team = openmp_team_size()
-(torch.ones(3000, 3000) * 3).sum()  # a torch op on a large tensor with 2 threads
-assert parent_team == 2, parent_team
-"""
-
-
 def test_parent_openmp_region_then_budgeted_workers_do_not_hang():
-    code = OPENMP_PARENT + """
-before = pools()
-items = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2, thread_budget=2))
-print(json.dumps({"items": items, "before": before, "after": pools()}))
-"""
-    out = json.loads(check_python(code, timeout=60).stdout.splitlines()[-1])
+    out = json.loads(check_script("threadpools_openmp_parent.py", "budgeted", timeout=60).stdout.splitlines()[-1])
     for item in out["items"]:
         assert item["pools"]["openmp"] == 1 and item["team"] == 1 and item["torch"] == 1  # pinned: no hang
         assert item["pools"]["openblas"] == 2  # BLAS still gets the budget
@@ -159,40 +88,20 @@ print(json.dumps({"items": items, "before": before, "after": pools()}))
 def test_same_budget_applied_naively_hangs_torch_loader():
     # The failure the pinning avoids: the same budget of 2 given to OpenMP in
     # torch's worker (via threadpoolctl) hangs at the first parallel region.
-    code = OPENMP_PARENT + """
-def naive_budget(worker_id):
-    threadpoolctl.threadpool_limits(2)
-run(torch.utils.data.DataLoader(Report(), batch_size=None, num_workers=2, worker_init_fn=naive_budget))
-print("finished")
-"""
-    result = run_python(code, timeout=12)
+    result = run_script("threadpools_openmp_parent.py", "naive-torch", timeout=12)
     assert result.timed_out, f"expected torch's loader to hang:\n{result}"
 
 
 def test_raising_torch_threads_in_a_pinned_worker_raises_instead_of_hanging():
-    code = OPENMP_PARENT + """
-def more_threads(worker_id):
-    torch.set_num_threads(2)
-try:
-    run(safeloader.DataLoader(Report(), batch_size=None, num_workers=1, worker_init_fn=more_threads))
-except RuntimeError as exc:
-    print(json.dumps(str(exc)))
-else:
-    print(json.dumps("no error"))
-"""
-    message = json.loads(check_python(code, timeout=60).stdout.splitlines()[-1])
+    result = check_script("threadpools_openmp_parent.py", "more-threads", timeout=60)
+    message = json.loads(result.stdout.splitlines()[-1])
     assert "torch.set_num_threads(2) in DataLoader worker 0 would hang" in message
     assert "persistent_workers=True" in message
 
 
 @pytest.mark.torch_baseline
 def test_raising_torch_threads_in_torch_loader_hangs():
-    code = OPENMP_PARENT + """
-run(torch.utils.data.DataLoader(Report(), batch_size=None, num_workers=1,
-                                worker_init_fn=lambda worker_id: torch.set_num_threads(2)))
-print("finished")
-"""
-    result = run_python(code, timeout=12)
+    result = run_script("threadpools_openmp_parent.py", "more-threads-torch", timeout=12)
     assert result.timed_out, f"expected torch's loader to hang:\n{result}"
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from safeloader import _torch_internals
 
-from .subproc import check_python
+from .subproc import check_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -15,60 +15,21 @@ def test_this_torch_has_everything_safeloader_relies_on():
     assert _torch_internals.missing() == ()
 
 
-RENAMED = """
-import functools, os, sys
-import torch
-from torch.utils.data._utils import worker
-import safeloader
-NAME, LOADER = {name!r}, {loader!r}
-
-original = worker._worker_loop
-def renamed(*args, **kwargs):
-    return original(*args, **kwargs)
-renamed.__name__ = renamed.__qualname__ = NAME
-renamed.__module__ = original.__module__
-renamed.__signature__ = __import__("inspect").signature(original)
-worker._worker_loop = renamed  # what torch's iterator starts its workers with
-
-ran = []
-safeloader.register_at_fork(after_in_parent=lambda: ran.append(1), name="probe")
-if LOADER == "torch":
-    from torch.utils.data import DataLoader
-else:
-    from safeloader import DataLoader
-try:
-    print("DATA", [int(x) for b in DataLoader(list(range(6)), batch_size=2, num_workers=2) for x in b])
-except Exception as error:
-    print("RAISED", type(error).__name__, error)
-print("HOOKS RAN", len(ran))
-"""
-
-
 def test_a_worker_loop_renamed_upstream_style_is_recognised():
-    result = check_python(RENAMED.format(name="_process_worker_loop", loader="safeloader"), timeout=60)
+    result = check_script("renamed_worker_loop.py", "_process_worker_loop", "safeloader", timeout=60)
     assert "DATA [0, 1, 2, 3, 4, 5]" in result.stdout and "HOOKS RAN 2" in result.stdout, result
 
 
 def test_an_unknown_worker_loop_is_refused_instead_of_running_unarmed():
     # torch's own loader runs such a loop (no hook runs, nothing says so) ...
-    torch_run = check_python(RENAMED.format(name="_future_worker_loop", loader="torch"), timeout=60)
+    torch_run = check_script("renamed_worker_loop.py", "_future_worker_loop", "torch", timeout=60)
     assert "DATA [0, 1, 2, 3, 4, 5]" in torch_run.stdout and "HOOKS RAN 0" in torch_run.stdout, torch_run
     # ... safeloader says it cannot protect these workers and stops them.
-    result = check_python(RENAMED.format(name="_future_worker_loop", loader="safeloader"), timeout=60)
+    result = check_script("renamed_worker_loop.py", "_future_worker_loop", "safeloader", timeout=60)
     assert "RAISED UnarmedWorkersError" in result.stdout and "none was recognised" in result.stdout, result
     assert "HOOKS RAN 0" in result.stdout
 
 
 def test_thread_workers_are_told_that_fork_hooks_do_not_apply():
-    code = """
-import warnings
-from safeloader import DataLoader
-loader = DataLoader(list(range(4)), num_workers=2)
-loader.worker_method = "thread"  # torch's upcoming thread workers (no fork); this torch ignores it
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    assert sorted(int(x) for x in loader) == [0, 1, 2, 3]
-print([str(w.message) for w in caught])
-"""
-    result = check_python(code, timeout=60)
+    result = check_script("thread_workers_warning.py", timeout=60)
     assert "thread workers" in result.stdout and "fork hooks and stall watchdog do not apply" in result.stdout

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset, DistributedSampler
 import safeloader
 from safeloader import SafeDataLoader
 
-from .subproc import run_python
+from .subproc import run_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
@@ -208,81 +208,13 @@ def test_lightning_fit_runs_one_epoch_on_armed_workers(tmp_path):
     assert model.reader_pids == set(armed.pids()) and sorted(armed.pids().values()) == [0, 1]
 
 
-LIGHTNING_DDP_SCRIPT = r'''
-import json
-import os
-import sys
-
-import torch
-import lightning
-from torch.utils.data import Dataset, DistributedSampler
-
-import safeloader
-
-out_dir = sys.argv[1]
-
-
-class Numbered(Dataset):
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, index):
-        return index, os.getpid()
-
-
-class Model(lightning.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen, self.pids = [], set()
-
-    def training_step(self, batch, batch_index):
-        indices, pids = batch
-        self.seen += indices.tolist()
-        self.pids |= set(pids.tolist())
-        x = indices.float().unsqueeze(1)
-        return torch.nn.functional.mse_loss(self.layer(x), 2 * x)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-4)
-
-
-def record_armed_worker():
-    with open(os.path.join(out_dir, f"armed-{os.environ.get('LOCAL_RANK', '0')}"), "a") as f:
-        f.write(f"{os.getpid()}\n")
-
-
-safeloader.register_at_fork(after_in_child=record_armed_worker, name="test.lightning_ddp")
-loader = safeloader.DataLoader(Numbered(), batch_size=2, shuffle=True, num_workers=2,
-                               zarrs_mode="serial", thread_budget=1)
-model = Model()
-trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
-                            enable_checkpointing=False, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, default_root_dir=out_dir)
-trainer.fit(model, train_dataloaders=loader)
-used = trainer.train_dataloader
-report = {
-    "rank": trainer.global_rank, "pid": os.getpid(), "seen": model.seen, "reader_pids": sorted(model.pids),
-    "type": type(used).__qualname__, "sampler": type(used.sampler).__qualname__,
-    "options": [used.zarrs_mode, used.thread_budget], "num_workers": used.num_workers,
-    "finished": trainer.state.finished,
-}
-with open(os.path.join(out_dir, f"rank-{trainer.global_rank}.json"), "w") as f:
-    json.dump(report, f)
-'''
-
-
 @pytest.mark.timeout(150)
 def test_lightning_ddp_on_cpu_rebuilds_safe_loaders_with_distributed_sampler(tmp_path):
-    script = tmp_path / "fit_ddp.py"
-    script.write_text(LIGHTNING_DDP_SCRIPT)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    # Lightning's DDP launcher re-runs sys.argv for the other rank: run the script as a file.
-    argv = [str(script), str(out_dir)]
-    code = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    # Lightning's DDP launcher re-runs sys.argv for the other rank: the child is a script file.
     env = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    result = run_python(code, timeout=140, env=env)
+    result = run_script("lightning_ddp.py", out_dir, timeout=140, env=env)
     assert not result.timed_out and result.returncode == 0, f"Lightning DDP fit failed:\n{result}"
 
     reports = [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(2)]

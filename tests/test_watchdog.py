@@ -6,6 +6,7 @@ the same Dataset under torch's own DataLoader is shown to hang there.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,97 +16,19 @@ import torch
 import safeloader
 from safeloader.watchdog import WorkerStallError
 
-from .subproc import run_python
+from .subproc import run_script
 
 STALL = 2.0  # seconds; the worker's first item gets 2x
 TORCH_DEADLINE = 6.0  # torch's loader would wait forever: we stop looking after this
 
-# A lock held by a parent thread at the moment of the fork: in the workers it
-# is held forever (the holder does not exist there). Item 0 and 1 (one per
-# worker) are served, so the stall hits an item after the first one.
-LOCK_SCENARIO = """
-import os, sys, threading, time
-import psutil, torch
-import safeloader
-
-LOCK = threading.Lock()
-
-class LockedDataset(torch.utils.data.Dataset):
-    def __len__(self):
-        return 8
-    def __getitem__(self, index):
-        if index >= 2:
-            with LOCK:
-                pass
-        return index
-
-ready, release = threading.Event(), threading.Event()
-def hold_lock():
-    with LOCK:
-        ready.set()
-        release.wait()
-holder = threading.Thread(target=hold_lock, name="lock-holder")
-holder.start()
-ready.wait()
-dataset = LockedDataset()
-"""
-
-# The user's case: the parent decodes a compressed zarr array through zarrs,
-# then forked workers read slices spanning many chunks: rayon's pool has no
-# threads in the child, the decode waits forever.
-ZARRS_SCENARIO = """
-import os, sys, tempfile, time
-import numpy as np, psutil, torch, zarr, zarrs
-import safeloader
-
-zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-path = os.path.join(tempfile.mkdtemp(), "volume.zarr")
-written = zarr.create_array(path, shape=(8, 128, 128), chunks=(1, 32, 32), dtype="float32")
-written[:] = np.arange(8 * 128 * 128, dtype="float32").reshape(8, 128, 128)
-
-class ZarrDataset(torch.utils.data.Dataset):
-    def __init__(self, path):
-        self.array = zarr.open_array(path, mode="r")
-    def __len__(self):
-        return self.array.shape[0]
-    def __getitem__(self, index):
-        return self.array[index:index + 1]
-
-dataset = ZarrDataset(path)
-dataset[0]  # the parent reads first: rayon's global pool exists from now on
-"""
-
-RUN_SAFELOADER = """
-loader = safeloader.DataLoader(dataset, num_workers=2, stall_timeout={stall}, **{extra})
-start = time.monotonic()
-try:
-    for batch in loader:
-        pass
-    print("NO ERROR")
-except safeloader.watchdog.WorkerStallError as error:
-    print("ELAPSED", time.monotonic() - start)
-    print("MESSAGE-BEGIN")
-    print(error)
-    print("MESSAGE-END")
-del loader
-leftover = [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
-            and "resource_tracker" not in " ".join(p.cmdline())]
-print("LEFTOVER", leftover)
-"""
-
-RUN_TORCH = """
-loader = torch.utils.data.DataLoader(dataset, num_workers=2)
-for batch in loader:
-    print("batch", flush=True)
-print("TORCH DONE")
-"""
+# The scenarios (a lock held by a parent thread at the fork; a real zarrs hang) and the runs
+# under either loader are the child script tests/children/watchdog_scenario.py.
+LOCK_SCENARIO = "lock"
+ZARRS_SCENARIO = "zarrs"
 
 
 def _safeloader_run(scenario: str, env: dict[str, str] | None = None, **extra: object) -> tuple[float, str, str]:
-    code = scenario + RUN_SAFELOADER.format(stall=STALL, extra=repr(extra))
-    if "release" in scenario:
-        code += "release.set(); holder.join()\n"
-    result = run_python(code, timeout=90, env=env)
+    result = run_script("watchdog_scenario.py", scenario, "safeloader", STALL, json.dumps(extra), timeout=90, env=env)
     assert not result.timed_out and result.returncode == 0, f"safeloader's run did not end cleanly:\n{result}"
     out = result.stdout
     assert "NO ERROR" not in out, f"the deadlock must raise WorkerStallError:\n{result}"
@@ -116,8 +39,7 @@ def _safeloader_run(scenario: str, env: dict[str, str] | None = None, **extra: o
 
 
 def _assert_torch_hangs(scenario: str) -> None:
-    code = scenario + RUN_TORCH + ("release.set(); holder.join()\n" if "release" in scenario else "")
-    result = run_python(code, timeout=TORCH_DEADLINE)
+    result = run_script("watchdog_scenario.py", scenario, "torch", timeout=TORCH_DEADLINE)
     assert result.timed_out and "TORCH DONE" not in result.stdout, (
         f"torch's DataLoader was expected to hang on this Dataset:\n{result}"
     )

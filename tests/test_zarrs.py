@@ -32,7 +32,7 @@ from safeloader.backends import zarrs as backend
 from safeloader.backends import zarrs_layout, zarrs_native
 from safeloader.native import thread_census
 
-from .subproc import check_python, run_python
+from .subproc import check_script, run_script
 from .zarrs_data import expected, write_arrays, zarrs_pipeline
 
 pytestmark = pytest.mark.timeout(90)
@@ -116,40 +116,12 @@ def check_reads(items, reference: np.ndarray, mode: str | None = "pool") -> None
 
 # -- the seed scenario: torch hangs, safeloader does not -------------------------------
 
-SEED = """
-import sys
-import numpy as np
-import torch
-import zarr
-import zarrs
-{arm}
-zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
-
-class FOVDataset(torch.utils.data.Dataset):
-    # As in the user's document: open lazily, read one window per item.
-    def __init__(self, path):
-        self.path = path
-    def __len__(self):
-        return 8
-    def __getitem__(self, index):
-        array = zarr.open_array(self.path, mode="r")
-        return torch.from_numpy(array[index * 24 : index * 24 + 80, 10:250])
-
-dataset = FOVDataset({path!r})
-sample = dataset[0]  # the parent's sanity read: decodes several chunks
-reference = zarr.open_array({path!r}, mode="r")[:]
-{late_arm}
-print("iterating", flush=True)
-loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
-for index, batch in enumerate(loader):
-    assert np.array_equal(batch.numpy(), reference[index * 24 : index * 24 + 80, 10:250]), index
-print("all batches equal the direct read", flush=True)
-"""
+# The user's program is tests/children/zarrs_seed.py.
 
 
 @pytest.mark.torch_baseline
 def test_torch_dataloader_hangs_after_the_parent_decoded_zarrs(arrays):
-    result = run_python(SEED.format(path=arrays["plain"], arm="", late_arm=""), timeout=20)
+    result = run_script("zarrs_seed.py", arrays["plain"], timeout=20)
     assert result.timed_out, f"torch's own DataLoader was expected to hang:\n{result}"
     assert "iterating" in result.stdout  # the hang is in the loader, not before it
 
@@ -157,24 +129,12 @@ def test_torch_dataloader_hangs_after_the_parent_decoded_zarrs(arrays):
 def test_same_program_completes_after_safeloader_install_even_imported_after_zarrs(arrays):
     # safeloader is imported after the parent opened and decoded the array:
     # pipelines created before safeloader existed must be handled too.
-    late = "import safeloader\nsafeloader.install()"
-    result = check_python(SEED.format(path=arrays["plain"], arm="", late_arm=late), timeout=60)
+    result = check_script("zarrs_seed.py", arrays["plain"], "install", timeout=60)
     assert "all batches equal the direct read" in result.stdout
 
 
 def test_costs_nothing_when_zarrs_is_not_imported():
-    result = check_python(
-        """
-import sys
-import safeloader
-from safeloader.backends import zarrs as backend
-assert not next(h for h in safeloader.hooks() if h.name == "zarrs").active
-loader = safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=2)
-assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-print(sorted(m for m in ("zarr", "zarrs") if m in sys.modules), backend._spare, backend._resolved)
-""",
-        timeout=60,
-    )
+    result = check_script("zarrs_not_imported.py", timeout=60)
     assert result.stdout.strip() == "[] None {}"
 
 
@@ -335,60 +295,10 @@ def test_the_parent_finds_every_binding_a_worker_must_move_to_its_copy():
 
 # -- zarrs modules imported late, loaders started from several threads ---------------------
 
-LATE_SUBMODULE = """
-import os, sys, tempfile
-import numpy as np
-import torch
-import zarr
-import zarrs
-import safeloader
-
-zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
-# A zarrs submodule that is not loaded yet (zarrs 0.2.3 imports all of its own
-# with the package): it binds an object of zarrs._internal when imported.
-extra = tempfile.mkdtemp()
-with open(os.path.join(extra, "_late.py"), "w") as module:
-    module.write(
-        "from ._internal import ChunkItem\\n"
-        "def first_chunk():\\n"
-        "    whole = [slice(0, 64), slice(0, 64)]\\n"
-        "    return ChunkItem(key='c/0/0', chunk_subset=whole, chunk_shape=[64, 64], subset=whole, shape=[64, 64])\\n"
-    )
-zarrs.__path__.append(extra)
-
-class Reads(torch.utils.data.Dataset):
-    # Item: a window read by zarr, and the first chunk read through zarrs._late if loaded.
-    def __init__(self):
-        self.array = zarr.open_array({path!r}, mode="r")
-    def __len__(self):
-        return 4
-    def __getitem__(self, index):
-        window = torch.from_numpy(self.array[index * 40 : index * 40 + 90, 30:200])
-        late = sys.modules.get("zarrs._late")
-        if late is None:
-            return window, None
-        chunk = np.empty((64, 64), dtype=np.float32)
-        self.array._async_array.codec_pipeline.impl.retrieve_chunks_and_apply_index([late.first_chunk()], chunk)
-        return window, torch.from_numpy(chunk)
-
-dataset = Reads()
-reference = dataset.array[:]  # the parent decodes with zarrs: workers need their own pool
-def check(loader, late):
-    for index, (window, chunk) in enumerate(loader):
-        assert np.array_equal(window.numpy(), reference[index * 40 : index * 40 + 90, 30:200]), index
-        assert (chunk is None) == (not late)
-        assert late is False or np.array_equal(chunk.numpy(), reference[:64, :64]), index
-check(safeloader.DataLoader(dataset, batch_size=None, num_workers=2, timeout=30), late=False)
-import zarrs._late  # after the first loader start
-check(safeloader.DataLoader(dataset, batch_size=None, num_workers=2, timeout=30), late=True)
-print("both loaders read exactly", flush=True)
-"""
-
-
 def test_zarrs_submodule_imported_after_the_first_loader_start_moves_to_the_worker_copy(arrays):
     # Found only once, its ChunkItem stayed the parent module's in the workers:
     # "TypeError: argument 'chunk_descriptions': 'ChunkItem' object cannot be cast as 'ChunkItem'".
-    result = check_python(LATE_SUBMODULE.format(path=arrays["plain"]), timeout=90)
+    result = check_script("zarrs_late_submodule.py", arrays["plain"], timeout=90)
     assert "both loaders read exactly" in result.stdout
 
 
@@ -414,62 +324,11 @@ def test_bindings_are_found_again_only_when_zarrs_modules_change(monkeypatch):
     assert backend.current_bindings() == first
 
 
-TWO_THREADS = """
-import json, threading
-import numpy as np, torch, zarr, zarrs
-import safeloader
-from safeloader.backends import zarrs as backend
-
-zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
-zarr.open_array({path!r}, mode="r")[:]  # the parent decodes: arms the deadlock
-
-class ModeOfWorker(torch.utils.data.Dataset):
-    def __len__(self):
-        return 2
-    def __getitem__(self, index):
-        return backend.worker_mode()
-
-loaders = {{
-    mode: safeloader.DataLoader(ModeOfWorker(), batch_size=None, num_workers=1, zarrs_mode=mode, timeout=30)
-    for mode in ("serial", "python")
-}}
-both_decided = threading.Barrier(len(loaders), timeout=2)
-
-def after_zarrs_decided():
-    # Runs after the zarrs hook's `before` (highest priority: last in that phase);
-    # each thread tries to wait until the other thread's zarrs hook decided too. The
-    # registry's fork guard now serialises worker forks across threads, so the wait
-    # times out and the forks do not interleave; each loader must still get its mode.
-    context = safeloader.fork_context()
-    if context is not None and any(context.loader is loader for loader in loaders.values()):
-        try:
-            both_decided.wait()
-        except threading.BrokenBarrierError:
-            pass
-
-safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", priority=1000)
-seen = {{}}
-
-def run(mode):
-    try:
-        seen[mode] = list(loaders[mode])
-    except Exception as exc:
-        seen[mode] = repr(exc)
-
-threads = [threading.Thread(target=run, args=(mode,)) for mode in loaders]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join(60)
-print(json.dumps(seen, sort_keys=True))
-"""
-
-
 def test_loaders_starting_workers_in_two_threads_at_once_keep_their_own_modes(arrays):
     # In a fresh interpreter: a library that holds its own lock across fork
     # (h5py registers one at import) serialises two threads' forks, so the
     # barrier that forces them to interleave could never be passed there.
-    result = check_python(TWO_THREADS.format(path=arrays["plain"]), timeout=90)
+    result = check_script("zarrs_two_threads.py", arrays["plain"], timeout=90)
     seen = json.loads(result.stdout.splitlines()[-1])
     assert seen == {"python": ["python", "python"], "serial": ["serial", "serial"]}
 
@@ -567,57 +426,9 @@ def test_no_mode_possible_raises_in_the_parent_instead_of_hanging(arrays, monkey
 
 # -- stores that are not local files -------------------------------------------------------
 
-HTTP = """
-import functools, http.server, json, os, threading
-import numpy as np
-import torch
-import zarr
-import zarrs
-import safeloader
-from safeloader.backends.zarrs import worker_mode
-
-zarr.config.set({{"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}})
-
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory={root!r}))
-threading.Thread(target=server.serve_forever, daemon=True).start()
-url = f"http://127.0.0.1:{{server.server_address[1]}}/plain.zarr"
-
-class Windows(torch.utils.data.Dataset):
-    def __init__(self, open_now):
-        self.array = zarr.open_array(url, mode="r") if open_now else None
-    def __len__(self):
-        return 4
-    def __getitem__(self, index):
-        if self.array is None:
-            self.array = zarr.open_array(url, mode="r")
-        return torch.from_numpy(self.array[index * 50 : index * 50 + 90, 20:200]), worker_mode()
-
-opened = Windows(open_now=True)
-assert type(opened.array._async_array.codec_pipeline.store).__name__ == "FsspecStore"
-reference = opened.array[:]  # the parent decodes over HTTP with zarrs
-report = {{}}
-for mode, dataset in (("pool", opened), ("python", Windows(open_now=False)), ("serial", opened)):
-    loader = safeloader.DataLoader(dataset, batch_size=None, num_workers=2, zarrs_mode=mode, timeout=20)
-    try:
-        report[mode] = [
-            [bool(np.array_equal(data.numpy(), reference[i * 50 : i * 50 + 90, 20:200])), used]
-            for i, (data, used) in enumerate(loader)
-        ]
-    except Exception as exc:
-        report[mode] = f"{{type(exc).__name__}}: {{exc}}"
-    del loader
-print(json.dumps(report), flush=True)
-os._exit(0)  # skip interpreter teardown of the HTTP clients' runtimes
-"""
-
-
 def test_http_store_pool_mode_keeps_zarrs_serial_mode_says_it_is_unsupported(arrays):
     root = str(Path(arrays["plain"]).parent)
-    result = check_python(HTTP.format(root=root), timeout=60)
+    result = check_script("zarrs_http_store.py", root, timeout=60)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["pool"] == [[True, "pool"]] * 4  # the worker's own copy has its own async runtime
     assert report["python"] == [[True, "python"]] * 4  # opened in the worker, read by zarr-python

@@ -1,0 +1,92 @@
+"""The C extension and its pure-Python fallback, side by side in one fresh interpreter.
+
+argv: the check. Each prints what the test compares (``ok`` once its own asserts pass).
+  thread_ids            both list the same threads, 3 of them started here
+  descriptor_table      both describe the same descriptors (a socket, a pipe, a file)
+  regular_file_offsets  both give the same offsets, and skip what cannot seek
+  fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
+  libc_fork             libc's fork() called directly: prints the counts of both in the child
+"""
+
+import ctypes
+import os
+import socket
+import stat
+import sys
+import threading
+
+from safeloader import _native, _native_fallback
+
+
+def thread_ids():
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    a, b = _native.thread_ids(), _native_fallback.thread_ids()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert a == b, (a, b)
+    assert len(a) == 4 and set(t.native_id for t in threads) < set(a), a
+    print("ok")
+
+
+def descriptor_table():
+    listener = socket.socket()
+    f = open(sys.executable, "rb")
+    r, _w = os.pipe()
+    a, b = _native.descriptor_table(), _native_fallback.descriptor_table()
+    assert a == b, (a, b)
+    table = {fd: (mode, dev, ino) for fd, mode, dev, ino in a}
+    assert stat.S_ISSOCK(table[listener.fileno()][0]) and stat.S_ISFIFO(table[r][0]), table
+    st = os.fstat(f.fileno())
+    assert table[f.fileno()] == (st.st_mode, st.st_dev, st.st_ino), table
+    assert sorted(table) == sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) in table), table
+    print("ok")
+
+
+def regular_file_offsets():
+    f = open(sys.executable, "rb")
+    f.read(1000)
+    r, w = os.pipe()
+    a, b = _native.regular_file_offsets(), _native_fallback.regular_file_offsets()
+    assert a == b, (a, b)
+    found = {fd: (dev, ino, offset) for fd, dev, ino, offset in a}
+    st = os.fstat(f.fileno())
+    assert found[f.fileno()] == (st.st_dev, st.st_ino, os.lseek(f.fileno(), 0, os.SEEK_CUR)), found
+    assert r not in found and w not in found, found
+    print("ok")
+
+
+def fork_generation():
+    assert _native.fork_generation() == _native_fallback.fork_generation() == 0
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        pid2 = os.fork()
+        if pid2 == 0:
+            os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\n".encode())
+            os._exit(0)
+        os.waitpid(pid2, 0)
+        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\n".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(w)
+    print(sorted(os.read(r, 100).decode().split("\n")))
+    assert _native.fork_generation() == 0
+
+
+def libc_fork():
+    libc = ctypes.PyDLL(None)  # PyDLL: keep the GIL held across the call
+    r, w = os.pipe()
+    pid = libc.fork()
+    if pid == 0:
+        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print(os.read(r, 100).decode())
+
+
+CHECKS = {f.__name__: f for f in (thread_ids, descriptor_table, regular_file_offsets, fork_generation, libc_fork)}
+CHECKS[sys.argv[1]]()

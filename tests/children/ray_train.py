@@ -1,0 +1,66 @@
+"""Ray Train (2 CPU workers) trains on ZarrBlocks; each rank's prepare_data_loader loader forks
+2 workers after the rank decoded the array.
+
+argv: the output folder; ``install`` (safeloader.install() at the top of the training
+function) or ``torch``. Each rank writes rank-<rank>.json; armed workers append their pid to
+armed-<rank's pid>.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np  # noqa: F401
+import torch  # noqa: F401
+from torch.utils.data import DataLoader
+
+from tests.children.zarr_blocks import ZarrBlocks, matches_direct_read, record_armed_worker
+from tests.zarrs_data import write_arrays
+
+OUT, MODE = sys.argv[1], sys.argv[2]
+PATH = write_arrays(OUT)["plain"]
+
+
+def train_loop(config):
+    if config["install"]:
+        # Ray Train runs this function in its own worker processes: install() here.
+        import safeloader
+
+        safeloader.install()
+        out = config["out"]
+        safeloader.register_at_fork(after_in_child=lambda: record_armed_worker(out), name="test.ray_armed")
+    import ray.train
+    import ray.train.torch
+
+    dataset = config["dataset"]
+    dataset[0]  # the training process decodes first: zarrs' pool now exists here
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, timeout=20)
+    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
+    seen, correct = [], True
+    for indices, blocks in loader:
+        correct &= matches_direct_read(indices.tolist(), blocks)
+        seen += indices.tolist()
+    rank = ray.train.get_context().get_world_rank()
+    with open(os.path.join(config["out"], f"rank-{rank}.json"), "w") as f:
+        report = {"rank": rank, "pid": os.getpid(), "seen": seen, "correct": correct}
+        report |= {"type": type(loader).__qualname__, "sampler": type(loader.sampler).__qualname__}
+        json.dump(report, f)
+
+
+import ray  # noqa: E402
+from ray.train import RunConfig, ScalingConfig  # noqa: E402
+from ray.train.torch import TorchTrainer  # noqa: E402
+
+ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+try:
+    dataset = ZarrBlocks(PATH)
+    dataset[0]  # the driver reads too, as users check their data
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"dataset": dataset, "install": MODE == "install", "out": OUT},
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(storage_path=os.path.join(OUT, "ray"), name="run"),
+    )
+    trainer.fit()
+finally:
+    ray.shutdown()
