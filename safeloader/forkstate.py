@@ -368,12 +368,21 @@ _recorded: ForkState | None = None
 # The ForkContext of the fork it was taken for, weakly: the context holds the
 # loader, and a strong reference would keep its persistent workers alive.
 _recorded_for: weakref.ref[object] | None = None
-# The threads attributed at the earlier forks of the loader starting now (its
-# registry Arming, weakly): where a thread waits is read from /proc (60-100 us
-# per thread), and a loader forks its workers within milliseconds, so each
-# thread is read at the first of its forks that sees it. A thread that
-# appeared or renamed itself since is a new key, and is read.
-_known: tuple[weakref.ref[object], dict[tuple[int, str], ForeignThread]] | None = None
+# What the earlier forks of the loader starting now (its registry Arming, weakly)
+# found: where each native thread waits, read from /proc at 60-100 us per thread,
+# and the last state with the thread ids it was taken with. A loader forks its
+# workers within milliseconds: while the same threads run and no library was
+# loaded, the next fork reuses the state. A pool that started in between has
+# new thread ids, so the fork after it takes a new state (reading only the new threads).
+@dataclass
+class _LoaderForks:
+    arming: weakref.ref[object]
+    known: dict[tuple[int, str], ForeignThread] = field(default_factory=dict)
+    thread_ids: list[int] | None = None
+    state: ForkState | None = None
+
+
+_loader_forks: _LoaderForks | None = None
 
 
 def record() -> ForkState:
@@ -383,19 +392,28 @@ def record() -> ForkState:
     object), so several backends can share it; the worker inherits it as
     ``parent_state()``.
     """
-    global _recorded, _recorded_for, _known
-    from ._registry import armed, fork_context
+    global _recorded, _recorded_for, _loader_forks
+    from ._registry import armed, fork_context, fork_guard
 
     context = fork_context()
-    if _recorded is None or context is None or _recorded_for is None or _recorded_for() is not context:
-        arming = armed()
-        known: dict[tuple[int, str], ForeignThread] | None = None
-        if arming is not None:
-            if _known is None or _known[0]() is not arming:
-                _known = (weakref.ref(arming), {})
-            known = _known[1]
-        _recorded = _snapshot(pools=False, count_frozen=False, known=known)
-        _recorded_for = weakref.ref(context) if context is not None else None
+    if _recorded is not None and context is not None and _recorded_for is not None and _recorded_for() is context:
+        return _recorded
+    arming = armed()
+    if arming is None:
+        _recorded = snapshot(pools=False, count_frozen=False)
+    else:
+        forks = _loader_forks
+        if forks is None or forks.arming() is not arming:
+            forks = _loader_forks = _LoaderForks(weakref.ref(arming))
+        thread_ids = native.thread_ids()
+        with fork_guard():
+            libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
+        if forks.state is not None and forks.thread_ids == thread_ids and forks.state.libraries is libraries:
+            _recorded = forks.state
+        else:
+            _recorded = forks.state = _snapshot(pools=False, count_frozen=False, known=forks.known)
+            forks.thread_ids = thread_ids
+    _recorded_for = weakref.ref(context) if context is not None else None
     return _recorded
 
 

@@ -187,3 +187,12 @@ def test_fork_records_do_not_keep_the_loader_alive():
     del loader
     gc.collect()
     assert gone() is None
+
+
+def test_a_pool_started_between_two_forks_of_one_loader_is_seen_at_the_next_fork():
+    # One loader's forks reuse the first fork's record of the parent's threads while the
+    # threads are the same: an OpenMP pool started after worker 0's fork has new threads,
+    # so worker 1 must be forked knowing it (and keep OpenMP at 1 thread: more would hang).
+    result = check_script("openmp_between_forks.py", timeout=60)
+    workers = json.loads(result.stdout.splitlines()[-1])
+    assert workers == {"0": [False, 2], "1": [True, 1]}
