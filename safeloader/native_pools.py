@@ -75,8 +75,12 @@ def _modules_by_extension() -> dict[str, list[str]]:
 
 def owner(path: str) -> str:
     """The name of the Python package that loaded ``path`` ("polars"), or the library's file name."""
-    real = os.path.realpath(path)
-    names = _modules_by_extension().get(real, [])
+    by_extension = _modules_by_extension()
+    names = by_extension.get(path)  # keyed by real paths: most callers pass one
+    real = path
+    if names is None:
+        real = os.path.realpath(path)
+        names = by_extension.get(real, [])
     public = [name for name in names if not name.split(".")[0].startswith("_")]
     if public or names:
         return (public or names)[0].split(".")[0]
