@@ -25,7 +25,6 @@ import time
 import torch
 
 import safeloader
-from safeloader import _registry
 
 LIBRARIES = ("numpy", "h5py", "zarr", "zarrs", "threadpoolctl", "requests", "fsspec", "fsspec.asyn", "lmdb", "polars")
 
@@ -64,7 +63,7 @@ _hook_seconds: dict[str, float] = {}  # hook name -> seconds, all phases
 
 
 def _time_each_hook() -> None:
-    import dataclasses
+    """Register every hook again (same name, priority, requires...) with its callbacks timed."""
 
     def timed(name, callback):
         if callback is None:
@@ -79,23 +78,39 @@ def _time_each_hook() -> None:
 
         return run
 
-    for name, hook in list(_registry._hooks.items()):
-        _registry._hooks[name] = dataclasses.replace(
-            hook, before=timed(name, hook.before), after_in_parent=timed(name, hook.after_in_parent),
-            after_in_child=timed(name, hook.after_in_child))
-    _registry._reorder()
+    for hook in safeloader.hooks():  # in run order: equal priorities keep their order
+        safeloader.register_at_fork(
+            before=timed(hook.name, hook.before), after_in_parent=timed(hook.name, hook.after_in_parent),
+            after_in_child=timed(hook.name, hook.after_in_child), name=hook.name, priority=hook.priority,
+            every_fork=hook.every_fork, requires=hook.requires, description=hook.description, replace=True)
 
 
-def _timed_run_phase(original):
-    def run_phase(phase, context):
-        start, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return original(phase, context)
-        finally:
-            _phase_seconds[phase] = _phase_seconds.get(phase, 0.0) + time.perf_counter() - start
+_EDGE = 10**9  # priorities beyond every other hook's: the first and last hooks of each phase
+
+
+def _time_each_phase() -> None:
+    """Two hooks around all others time each phase whole, the registry's dispatch included:
+    ``after_*`` run from the highest priority down, ``before`` from the lowest up."""
+    started: dict[str, tuple[float, float]] = {}
+
+    def start(phase):
+        def run():
+            started[phase] = (time.perf_counter(), time.thread_time())
+
+        return run
+
+    def stop(phase):
+        def run():
+            wall, cpu = started.pop(phase)
+            _phase_seconds[phase] = _phase_seconds.get(phase, 0.0) + time.perf_counter() - wall
             _phase_cpu[phase] = _phase_cpu.get(phase, 0.0) + time.thread_time() - cpu
 
-    return run_phase
+        return run
+
+    safeloader.register_at_fork(before=start("before"), after_in_parent=stop("after_in_parent"),
+                                after_in_child=stop("after_in_child"), name="bench.last", priority=-_EDGE)
+    safeloader.register_at_fork(before=stop("before"), after_in_parent=start("after_in_parent"),
+                                after_in_child=start("after_in_child"), name="bench.first", priority=_EDGE)
 
 
 class Holder(Handles, torch.utils.data.Dataset):
@@ -116,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--without", nargs="*", default=[], help="hooks to disable (to compare)")
     args = parser.parse_args(argv)
     imported = import_backend_libraries()
-    _registry._run_phase = _timed_run_phase(_registry._run_phase)
     _time_each_hook()
+    _time_each_phase()
     per_worker = []
     per_worker_cpu = []
     per_hook: dict[str, list[float]] = {}
@@ -141,7 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
             per_worker_cpu.append(parent_cpu / args.workers + statistics.median(child_cpu))
     median = statistics.median(per_worker)
     print(f"imported: {', '.join(imported)}; pid {os.getpid()}")
-    print(f"hooks: {', '.join(h.name for h in safeloader.hooks() if h.active and h.name not in args.without)}")
+    timed = [h.name for h in safeloader.hooks()
+             if h.active and h.name not in args.without and not h.name.startswith("bench.")]
+    print(f"hooks: {', '.join(timed)}")
     print(f"hook time per worker fork: median {median * 1e3:.3f} ms, min {min(per_worker) * 1e3:.3f} ms, "
           f"max {max(per_worker) * 1e3:.3f} ms over {args.repeats} loaders x {args.workers} workers")
     print(f"CPU time per worker fork:  median {statistics.median(per_worker_cpu) * 1e3:.3f} ms, "
