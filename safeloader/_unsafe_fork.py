@@ -28,6 +28,7 @@ import warnings
 import weakref
 from typing import Any
 
+from ._imports import modules_state
 from ._options import Options
 
 __all__ = ["UnsafeForkWarning", "apply", "hazards"]
@@ -47,15 +48,10 @@ _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _owners: list[str] = []  # packages owning the pools last found: preloaded by the forkserver
 
 
-def _state() -> tuple[int, str, object]:
-    last = next(reversed(sys.modules))
-    return len(sys.modules), last, sys.modules.get(last)
-
-
 def _risky_libraries() -> tuple[str, ...]:
     """Extension modules' libraries that link a rayon pool or tokio runtime, found again after imports."""
     global _modules_seen, _risky
-    state = _state()
+    state = modules_state()
     if state == _modules_seen:
         return _risky
     from . import native_pools

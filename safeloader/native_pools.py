@@ -18,6 +18,8 @@ import mmap
 import os
 import sys
 
+from ._imports import modules_state
+
 __all__ = ["RUNTIME_MARKERS", "describe", "owner", "runtimes"]
 
 # Crate names as they appear in a Rust binary's panic locations and type names.
@@ -61,8 +63,7 @@ def runtimes_in_symbols(symbols: list[str]) -> tuple[str, ...]:
 
 def _modules_by_extension() -> dict[str, list[str]]:
     global _extension_modules
-    last = next(reversed(sys.modules))
-    state = (len(sys.modules), last, sys.modules.get(last))
+    state = modules_state()
     if _extension_modules is None or _extension_modules[0] != state:
         by_path: dict[str, list[str]] = {}
         for name, module in list(sys.modules.items()):

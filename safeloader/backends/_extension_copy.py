@@ -39,18 +39,23 @@ def make_copy(source: str, label: str) -> int:
     except (AttributeError, OSError):  # no O_TMPFILE (or a filesystem without it): memory
         fd = os.memfd_create(f"safeloader-{label}", os.MFD_CLOEXEC)
     try:
-        with open(source, "rb") as library:
-            size = os.fstat(library.fileno()).st_size
-            offset = 0
-            while offset < size:
-                sent = os.sendfile(fd, library.fileno(), offset, size - offset)
-                if sent == 0:
-                    raise OSError(f"copying {source} stopped at byte {offset} of {size}")
-                offset += sent
+        copy_into(fd, source)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def copy_into(fd: int, source: str) -> None:
+    """Write the bytes of the file ``source`` to the descriptor ``fd`` (in the kernel: sendfile)."""
+    with open(source, "rb") as library:
+        size = os.fstat(library.fileno()).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(fd, library.fileno(), offset, size - offset)
+            if sent == 0:
+                raise OSError(f"copying {source} stopped at byte {offset} of {size}")
+            offset += sent
 
 
 def load_copy(name: str, fd: int) -> ModuleType:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from .. import forkstate, hook_names
+from .._imports import modules_state
 from .._options import default_thread_budget
 from .._registry import fork_context
 from . import _extension_copy, polars_objects
@@ -129,15 +130,10 @@ def _ensure_copy() -> str | None:
     return _copy_problem
 
 
-def _state() -> tuple[int, str, object]:
-    last = next(reversed(sys.modules))
-    return len(sys.modules), last, sys.modules.get(last)
-
-
 def _references() -> tuple[tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]]:
     """What the worker must move, found again after any import (O(1) per fork otherwise)."""
     global _cache
-    state = _state()
+    state = modules_state()
     if _cache is None or _cache[0] != state:
         native = runtime_module()
         assert native is not None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from .. import hook_names
+from .._imports import modules_state
 from .._options import ZARRS_MODES, default_thread_budget
 from .._registry import fork_context, fork_guard
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
@@ -174,7 +175,7 @@ def current_bindings() -> tuple[zarrs_native.Binding, ...]:
     ``sys.modules`` (~0.1 ms with torch loaded) runs only after an import.
     """
     global _bindings, _bindings_key, _modules_seen
-    seen = _sys_modules_state()
+    seen = modules_state()
     with _setup_lock:
         if seen == _modules_seen:
             return _bindings
@@ -184,13 +185,6 @@ def current_bindings() -> tuple[zarrs_native.Binding, ...]:
             _bindings_key = key
         _modules_seen = seen  # taken before the pass: an import during it is seen next time
         return _bindings
-
-
-def _sys_modules_state() -> tuple[int, str, object]:
-    """Changes with every import: a new name (or a name deleted and imported
-    again) enters ``sys.modules`` last, a dict keeping insertion order."""
-    last = next(reversed(sys.modules))
-    return len(sys.modules), last, sys.modules.get(last)
 
 
 def _loaded_zarrs_modules() -> frozenset[tuple[str, ModuleType]]:

@@ -21,6 +21,8 @@ import os
 import sys
 from types import ModuleType
 
+from ._extension_copy import copy_into
+
 INTERNAL = "zarrs._internal"
 
 
@@ -28,14 +30,7 @@ def make_copy(source: str) -> int:
     """A close-on-exec memfd holding the bytes of ``source``; the caller owns it."""
     fd = os.memfd_create("safeloader-zarrs-internal", os.MFD_CLOEXEC)
     try:
-        with open(source, "rb") as library:
-            size = os.fstat(library.fileno()).st_size
-            offset = 0
-            while offset < size:
-                sent = os.sendfile(fd, library.fileno(), offset, size - offset)
-                if sent == 0:
-                    raise OSError(f"copying {source} stopped at byte {offset} of {size}")
-                offset += sent
+        copy_into(fd, source)
     except BaseException:
         os.close(fd)
         raise
