@@ -85,29 +85,32 @@ class _Pool:
     """The C function that returns its thread count (what threadpoolctl calls), or None."""
     cpu_number: Any = None
     """OpenBLAS's exported ``blas_cpu_number`` (a ctypes int), or None."""
+    set_threads: Any = None
+    """OpenMP's ``omp_set_num_threads`` (what threadpoolctl calls), or None."""
 
 
-def _c_accessors(library: Any) -> tuple[Any, Any]:
-    """(thread-count getter, OpenBLAS's ``blas_cpu_number``) of ``library`` as ctypes
-    objects, looked up once in the parent: a worker then reads and lowers its count
-    with two C calls instead of threadpoolctl's symbol lookups on every fork.
-    (None, None) for what this does not know: the worker goes through threadpoolctl."""
+def _c_accessors(library: Any) -> tuple[Any, Any, Any]:
+    """(thread-count getter, OpenBLAS's ``blas_cpu_number``, OpenMP's setter) of
+    ``library`` as ctypes objects, looked up once in the parent: a worker then reads
+    and sets its count with C calls instead of threadpoolctl's symbol lookups (a new
+    ctypes function object in every worker). None for what this does not know: the
+    worker goes through threadpoolctl."""
     import ctypes
 
     dynlib = getattr(library, "dynlib", None)
     if dynlib is None:
-        return None, None
+        return None, None, None
     if library.internal_api == "openmp":
-        return getattr(dynlib, "omp_get_max_threads", None), None
+        return getattr(dynlib, "omp_get_max_threads", None), None, getattr(dynlib, "omp_set_num_threads", None)
     if library.internal_api != "openblas" or getattr(library, "threading_layer", None) == "openmp":
-        return None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
+        return None, None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
     symbol = getattr(library, "_get_symbol", None)
     getter = symbol("openblas_get_num_threads") if symbol is not None else None
     try:
         cpu_number = ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
     except ValueError:  # symbol not exported by this build
         cpu_number = None
-    return getter, cpu_number
+    return getter, cpu_number, None
 
 
 def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
@@ -140,16 +143,31 @@ def _torch_dir() -> str | None:
     return os.path.realpath(os.path.dirname(path)) + os.sep if path else None
 
 
+# The last plan, with what it was made from: a loader's forks share one while
+# forkstate's record and the pools are the same objects (which also spares the
+# parent freeing a plan after each fork: freeing writes pages the worker shares).
+_last_plan: tuple[forkstate.ForkState, int, tuple[_Pool, ...], _Plan] | None = None
+
+
 def _before() -> None:
+    global _last_plan
     context = fork_context()
     if context is None:
         return
     budget = context.options.thread_budget or default_thread_budget(context.num_workers)
     state = forkstate.record()
+    pools = _pools(state.libraries)
+    last = _last_plan
+    if last is None or last[0] is not state or last[1] != budget or last[2] is not pools:
+        last = _last_plan = (state, budget, pools, _plan(state, pools, budget))
+    _fork.plan = last[3]
+
+
+def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> _Plan:
     pinned_paths = frozenset(state.gomp_unsafe)
     limits = []
     torch_has_openmp = torch_pinned = False
-    for pool in _pools(state.libraries):
+    for pool in pools:
         pinned = pool.openmp and pool.path in pinned_paths
         limits.append((pool, 1 if pinned else budget))
         if pool.in_torch:
@@ -159,7 +177,7 @@ def _before() -> None:
         # torch uses a shared OpenMP runtime (conda, system libgomp), or we
         # cannot tell which: any pinned runtime pins torch too.
         torch_pinned = True
-    _fork.plan = _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
+    return _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
 
 
 def _after_in_parent() -> None:
@@ -195,6 +213,9 @@ def _set_threads(pool: _Pool, threads: int) -> None:
         pool.cpu_number.value = threads
         if (pool.get_threads() if pool.get_threads is not None else library.num_threads) == threads:
             return
+    if pool.set_threads is not None:
+        pool.set_threads(threads)
+        return
     library.set_num_threads(threads)
 
 
