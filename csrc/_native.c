@@ -10,7 +10,7 @@
  * - install_continue_handler() / last_continued(): when the process was last
  *   continued after a stop (SIGCONT), so the stall watchdog does not count
  *   time spent stopped.
- * - install_backtrace_handler() / signal_thread(): signal-safe native
+ * - install_backtrace_handler() / warm_backtrace() / signal_thread(): signal-safe native
  *   backtraces of a stuck worker's threads, for the stall watchdog
  *   (backtrace.c).
  *
@@ -243,6 +243,11 @@ static PyObject *install_backtrace_handler(PyObject *Py_UNUSED(self), PyObject *
     Py_RETURN_TRUE;
 }
 
+static PyObject *warm_backtrace(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+    sl_warm_backtrace();
+    Py_RETURN_NONE;
+}
+
 static PyObject *signal_thread(PyObject *Py_UNUSED(self), PyObject *args) {
     int pid, tid, signum;
     if (!PyArg_ParseTuple(args, "iii:signal_thread", &pid, &tid, &signum)) return NULL;
@@ -280,6 +285,10 @@ static PyMethodDef methods[] = {
      "install_backtrace_handler(signum, fd) -> True: on `signum`, the receiving thread "
      "writes its native backtrace (library and symbol of each frame) to `fd`, "
      "from a signal-safe handler."},
+    {"warm_backtrace", warm_backtrace, METH_NOARGS,
+     "warm_backtrace($module, /)\n--\n\n"
+     "Load glibc's unwinder now (backtrace() allocates on its first call), once per process; "
+     "forked children inherit it loaded."},
     {"signal_thread", signal_thread, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},

@@ -8,7 +8,10 @@
  *
  * What the handler does is chosen to be usable in a signal handler:
  * - backtrace(): not async-signal-safe on its *first* call only (it loads
- *   libgcc_s with malloc); install_backtrace_handler calls it once first.
+ *   libgcc_s with malloc); sl_warm_backtrace makes that call once per process
+ *   tree: the parent makes it before forking workers, and each worker
+ *   inherits it done (making it again in each worker would write pages the
+ *   unwinder shares with the parent: about 30 copied pages per worker).
  * - dladdr(): names the shared library and nearest dynamic symbol of each
  *   frame without allocating. It takes the dynamic linker's lock, so a thread
  *   interrupted inside dlopen could block here: the parent waits for each
@@ -178,9 +181,18 @@ static void on_backtrace_signal(int signum, siginfo_t *info, void *context) {
     errno = saved_errno;
 }
 
-int sl_install_backtrace_handler(int signum, int fd) {
+/* Set once backtrace() was called in this process or in the parent it was forked from. */
+static atomic_int backtrace_warm = 0;
+
+void sl_warm_backtrace(void) {
+    if (atomic_load_explicit(&backtrace_warm, memory_order_acquire)) return;
     void *warm[WARMUP_FRAMES];
     backtrace(warm, WARMUP_FRAMES); /* loads libgcc_s now, outside any signal handler */
+    atomic_store_explicit(&backtrace_warm, 1, memory_order_release);
+}
+
+int sl_install_backtrace_handler(int signum, int fd) {
+    sl_warm_backtrace();
     struct sigaction action;
     memset(&action, 0, sizeof(action));
     action.sa_sigaction = on_backtrace_signal;

@@ -6,6 +6,10 @@
  * to `fd`. Returns 0, or -1 with errno set. */
 int sl_install_backtrace_handler(int signum, int fd);
 
+/* Make glibc's backtrace() load its unwinder now (it allocates: never in a
+ * signal handler). Once per process, and forked children inherit it done. */
+void sl_warm_backtrace(void);
+
 /* tgkill(pid, tid, signum): signal one thread of a process. 0, or -1 with errno. */
 int sl_signal_thread(int pid, int tid, int signum);
 

@@ -65,6 +65,10 @@ def install_backtrace_handler(signum: int, fd: int) -> bool:
     return False
 
 
+def warm_backtrace() -> None:
+    """Nothing to warm without the extension (no backtrace handler is installed)."""
+
+
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread of a process (tgkill), through libc when it has it."""
     import ctypes

@@ -84,33 +84,19 @@ def install_backtrace_handler(signum: int, fd: int) -> bool:
     return bool(_impl.install_backtrace_handler(signum, fd))
 
 
-_backtrace_warm = False
-
-
 def warm_backtrace() -> None:
     """Load glibc's unwinder in this process, once, before forking workers.
 
     glibc's ``backtrace()`` loads libgcc_s and looks up its unwinder on its
-    first call in a process; ``install_backtrace_handler`` makes that call so
-    that the signal handler never has to. Made once in the parent, it is
-    inherited done by every forked worker (0.2-0.4 ms each otherwise).
+    first call in a process, which must not happen in a signal handler;
+    ``install_backtrace_handler`` makes that call unless it was made already.
+    Made once in the parent, it is inherited done by every forked worker.
     Nothing to do without the C extension (no handler is installed).
     """
-    global _backtrace_warm
-    if _backtrace_warm or not NATIVE:
-        return
-    _backtrace_warm = True
-    import ctypes
-
     from ._registry import fork_guard
 
-    try:
-        libc = ctypes.CDLL(None)
-        frames = (ctypes.c_void_p * 4)()
-        with fork_guard():  # it dlopens: no fork from another thread meanwhile
-            libc.backtrace(frames, 4)
-    except (OSError, AttributeError):  # no glibc backtrace(): the worker's own call copes
-        pass
+    with fork_guard():  # it dlopens: no fork from another thread meanwhile
+        _impl.warm_backtrace()
 
 
 def install_continue_handler() -> bool:

@@ -85,6 +85,7 @@ NATIVE_FUNCTIONS = (
     "install_continue_handler",
     "last_continued",
     "install_backtrace_handler",
+    "warm_backtrace",
     "signal_thread",
 )
 
