@@ -70,6 +70,8 @@ def load_copy(name: str, fd: int) -> ModuleType:
         module = importlib.util.module_from_spec(spec)  # dlopen + the module's init function
         loader.exec_module(module)
     finally:
+        # A single-phase extension enters itself in sys.modules when initialised;
+        # nothing may change there until the caller has checked every binding.
         if previous is not None:
             sys.modules[name] = previous
     return module

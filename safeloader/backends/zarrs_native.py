@@ -15,12 +15,11 @@ bindings at it.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 from types import ModuleType
 
+from . import _extension_copy
 from ._extension_copy import copy_into
 
 INTERNAL = "zarrs._internal"
@@ -39,21 +38,7 @@ def make_copy(source: str) -> int:
 
 def load_copy(fd: int) -> ModuleType:
     """Load the extension in memfd ``fd`` as a new ``zarrs._internal`` (not yet installed)."""
-    path = f"/proc/self/fd/{fd}"
-    loader = importlib.machinery.ExtensionFileLoader(INTERNAL, path)
-    spec = importlib.util.spec_from_file_location(INTERNAL, path, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot make a module spec for {path}")
-    previous = sys.modules.get(INTERNAL)
-    try:
-        module = importlib.util.module_from_spec(spec)  # dlopen + the module's init function
-        loader.exec_module(module)
-    finally:
-        # A single-phase extension enters itself in sys.modules when initialised;
-        # nothing may change until install_copy has checked every binding.
-        if previous is not None:
-            sys.modules[INTERNAL] = previous
-    return module
+    return _extension_copy.load_copy(INTERNAL, fd)
 
 
 Binding = tuple[str, str, str]  # (module, attribute, name in zarrs._internal)
