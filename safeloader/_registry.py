@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -443,11 +444,54 @@ def _report_unarmed(errors: list[HookError]) -> None:
         raise errors[0]
 
 
+# How long a worker fork waits for imports running in other threads (see below).
+IMPORT_WAIT_SECONDS = 5.0
+
+
+def _wait_for_imports_in_other_threads() -> None:
+    """Before a worker fork: let the imports other threads are running finish.
+
+    A module another thread is importing at the fork is copied half-imported
+    into the worker, with its import lock held by a thread that does not exist
+    there: the worker's first import of it waits forever (seen: a thread
+    receiving a batch imports ``hmac`` for multiprocessing's handshake while
+    another thread forks workers, whose numpy seeding imports ``hmac`` too).
+    Waits at most ``IMPORT_WAIT_SECONDS``; an import that outlasts it (or one
+    waiting on this thread) is left as it is.
+    """
+    try:
+        from importlib import _bootstrap
+
+        locks = getattr(_bootstrap, "_module_locks")  # noqa: B009  name -> weakref to a _ModuleLock (.owner: a thread id or None)
+    except (ImportError, AttributeError):  # another Python implementation: nothing known to wait for
+        return
+    me = threading.get_ident()
+    deadline = None
+    while True:
+        busy = False
+        for ref in list(locks.values()):
+            lock = ref() if callable(ref) else None
+            owner = getattr(lock, "owner", None)
+            if owner is not None and owner != me:
+                busy = True
+                break
+        if not busy:
+            return
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + IMPORT_WAIT_SECONDS
+        elif now > deadline:
+            return
+        time.sleep(0.001)
+
+
 def _on_before() -> None:
     _fork_guard.acquire()  # released in _on_after_in_parent; renewed in the child
     context = _context_for_this_fork()
     _local.pending = context
     errors = _run_phase("before", context)
+    if context is not None:
+        _wait_for_imports_in_other_threads()  # last: right before the fork
     arming = armed()
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)

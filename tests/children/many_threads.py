@@ -5,7 +5,9 @@ that lock in safeloader's ``before`` hooks hung there.
 
 argv: rounds, ``safeloader`` or ``torch`` (whose DataLoader), and optionally
 ``walker``: a user hook walks the loaded libraries in ``before`` (what
-forkstate's snapshot does). Prints ``round <k> ok`` per round.
+forkstate's snapshot does), and ``warm``: one loader runs in the main thread
+first, so that no thread still imports (and dlopens) an extension module
+while another forks. Prints ``round <k> ok`` per round.
 """
 
 import ctypes
@@ -46,6 +48,9 @@ if "walker" in options:
     from safeloader.forkstate import _dynamic_linker
 
     safeloader.register_at_fork(before=lambda: _dynamic_linker().loaded(), name="walker")
+
+if "warm" in options:
+    run({}, 0)
 
 for round in range(int(rounds)):
     results = {}
