@@ -17,6 +17,7 @@ import argparse
 import resource
 import statistics
 import tempfile
+import time
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -24,7 +25,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 import safeloader
 
 from .bench_hook_cost import Handles, import_backend_libraries
-from .common import alternate, print_table, summarize, timed, write_json
+from .common import alternate, print_table, summarize, write_json
 
 
 class Trivial(torch.utils.data.Dataset):
@@ -46,24 +47,35 @@ def _usage() -> tuple[float, int]:
             own.ru_minflt + children.ru_minflt)
 
 
-def first_batch(make_loader, usage: list[tuple[float, int]] | None = None) -> float:
-    """Seconds to the first batch; appends to ``usage`` the CPU seconds and the page faults
-    the start took, the workers' included (counted once they are reaped). On a busy
-    machine CPU time moves less than wall time, and the number of faults (mostly
-    copy-on-write copies of pages shared with the parent) hardly at all."""
+def first_batch(make_loader, usage: list[tuple[float, int]] | None = None,
+                shutdowns: list[float] | None = None) -> float:
+    """Seconds from building the loader to its first batch (the workers' start).
 
-    def run() -> None:
-        loader = make_loader()
-        iterator = iter(loader)
-        next(iterator)
-        del iterator  # shuts the workers down and reaps them
-
+    The workers are then shut down and reaped outside the timing; ``shutdowns``
+    gets how long that took. ``usage`` gets the CPU seconds and the page faults of
+    the whole start and shutdown, the workers' included (counted once they are
+    reaped). On a busy machine CPU time moves less than wall time, and the number
+    of faults (mostly copy-on-write copies of pages shared with the parent)
+    hardly at all."""
     before = _usage()
-    seconds = timed(run)
+    start = time.perf_counter()
+    iterator = iter(make_loader())
+    next(iterator)
+    seconds = time.perf_counter() - start
+    del iterator  # shuts the workers down and reaps them
+    if shutdowns is not None:
+        shutdowns.append(time.perf_counter() - start - seconds)
     if usage is not None:
         after = _usage()
         usage.append((after[0] - before[0], after[1] - before[1]))
     return seconds
+
+
+def paired_difference(first: list[float | None], second: list[float | None]) -> float:
+    """Median of ``first[i] - second[i]``: the two ran back to back in round i, so
+    the machine's noise of that moment mostly cancels out (steadier than a
+    difference of medians)."""
+    return statistics.median(a - b for a, b in zip(first, second) if a is not None and b is not None)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -82,13 +94,14 @@ def main(argv: list[str] | None = None) -> dict:
         safeloader.register_at_fork(before=user_hook, after_in_parent=user_hook, after_in_child=user_hook,
                                     name=f"bench.user{i}", replace=True)
     n = args.workers
-    cpu: dict[str, list[tuple[float, int]]] = {name: [] for name in
-                                   ("torch fork", "safeloader", "torch fork, libraries", "safeloader, libraries")}
+    names = ("torch fork", "safeloader", "torch fork, libraries", "safeloader, libraries")
+    cpu: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
+    shutdown: dict[str, list[float]] = {name: [] for name in names}
     fork = {
         "torch fork": lambda: first_batch(lambda: TorchDataLoader(Trivial(), batch_size=8, num_workers=n),
-                                          cpu["torch fork"]),
+                                          cpu["torch fork"], shutdown["torch fork"]),
         "safeloader": lambda: first_batch(lambda: safeloader.DataLoader(Trivial(), batch_size=8, num_workers=n),
-                                          cpu["safeloader"]),
+                                          cpu["safeloader"], shutdown["safeloader"]),
     }
     fork_samples = alternate(fork, args.repeats, progress="fork start-up")
     spawn_samples = alternate(
@@ -103,17 +116,22 @@ def main(argv: list[str] | None = None) -> dict:
         dataset = TrivialWithHandles(directory)
         loaded = {
             "torch fork, libraries": lambda: first_batch(
-                lambda: TorchDataLoader(dataset, batch_size=8, num_workers=n), cpu["torch fork, libraries"]),
+                lambda: TorchDataLoader(dataset, batch_size=8, num_workers=n),
+                cpu["torch fork, libraries"], shutdown["torch fork, libraries"]),
             "safeloader, libraries": lambda: first_batch(
-                lambda: safeloader.DataLoader(dataset, batch_size=8, num_workers=n), cpu["safeloader, libraries"]),
+                lambda: safeloader.DataLoader(dataset, batch_size=8, num_workers=n),
+                cpu["safeloader, libraries"], shutdown["safeloader, libraries"]),
         }
         loaded_samples = alternate(loaded, args.repeats, progress="fork start-up, libraries imported")
     results = {name: summarize(v) for name, v in {**fork_samples, **spawn_samples, **loaded_samples}.items()}
     safe = results["safeloader"]["median"]
     torch_fork = results["torch fork"]["median"]
-    overhead_per_fork = (safe - torch_fork) / n
-    loaded_overhead_per_fork = (results["safeloader, libraries"]["median"]
-                                - results["torch fork, libraries"]["median"]) / n
+    # Per worker fork: the median of the paired differences (each round ran torch
+    # and safeloader back to back), divided by the workers.
+    overhead_per_fork = paired_difference(fork_samples["safeloader"], fork_samples["torch fork"]) / n
+    loaded_overhead_per_fork = paired_difference(
+        loaded_samples["safeloader, libraries"], loaded_samples["torch fork, libraries"]) / n
+    shutdown_median = {name: statistics.median(values) for name, values in shutdown.items()}
     cpu_median = {name: statistics.median(c for c, _ in values) for name, values in cpu.items()}
     faults_median = {name: statistics.median(f for _, f in values) for name, values in cpu.items()}
     cpu_per_fork = (cpu_median["safeloader"] - cpu_median["torch fork"]) / n
@@ -126,13 +144,15 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(rows, ["loader", "median ms", "min ms", "max ms", "vs safeloader"])
     print(f"\nsafeloader / torch fork: {safe / torch_fork:.3f}  (target <= 1.10)")
     print(f"spawn / safeloader:      {results['torch spawn']['median'] / safe:.1f}x  (target >= 20x)")
-    print(f"hook overhead per fork:  {overhead_per_fork * 1e6:.0f} us wall (difference of medians / workers), "
+    print(f"hook overhead per fork:  {overhead_per_fork * 1e6:.0f} us wall (median paired difference / workers), "
           f"{cpu_per_fork * 1e6:.0f} us CPU (parent and workers), {faults_per_fork:.0f} page faults")
     print(f"with every backend library imported ({', '.join(imported)}) and handles held:")
     print(f"  safeloader / torch fork: "
           f"{results['safeloader, libraries']['median'] / results['torch fork, libraries']['median']:.3f}")
     print(f"  hook overhead per fork:  {loaded_overhead_per_fork * 1e6:.0f} us wall, "
           f"{loaded_cpu_per_fork * 1e6:.0f} us CPU, {loaded_faults_per_fork:.0f} page faults (target <= 2000 us)")
+    print("shutdown after the first batch (not in the times above), median ms: "
+          + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in shutdown_median.items()))
     payload = {
         "benchmark": "startup",
         "workers": n,
@@ -144,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "overhead_per_fork_s": overhead_per_fork,
         "libraries_imported": imported,
         "libraries_overhead_per_fork_s": loaded_overhead_per_fork,
+        "shutdown_median_s": shutdown_median,
         "cpu_median_s": cpu_median,
         "page_faults_median": faults_median,
         "page_faults_per_fork": faults_per_fork,

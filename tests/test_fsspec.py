@@ -11,6 +11,7 @@ from safeloader import DataLoader
 
 from .helpers import assert_torch_loader_fails, check_workers_and_parent
 from .http_data import HttpFsRecords
+from .s3_data import S3Records, S3Service
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
@@ -30,6 +31,22 @@ def test_http_filesystem_and_files_made_in_init_work_in_4_workers(through):
 @pytest.mark.parametrize("through", ["filesystem", "file"])
 def test_same_dataset_under_torch_loader_fails_or_hangs(through):
     assert_torch_loader_fails("tests.http_data:http_fs_case", through)
+
+
+def test_s3_filesystem_made_in_init_works_in_4_workers():
+    # s3fs (aiobotocore) on a local S3 service: the same rebuild as the HTTP filesystem,
+    # with its own client session and credentials in each worker.
+    with S3Service() as service:
+        dataset = S3Records(service.endpoint)
+        loop = dataset.fs.loop
+        check_workers_and_parent(dataset, service.data)
+        assert dataset.fs.loop is loop
+
+
+@pytest.mark.torch_baseline
+@pytest.mark.timeout(150)
+def test_same_s3_dataset_under_torch_loader_fails():
+    assert_torch_loader_fails("tests.s3_data:s3_case")
 
 
 def test_filesystem_is_the_workers_cached_instance_after_rebuild():
