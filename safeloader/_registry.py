@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -446,6 +447,9 @@ def _report_unarmed(errors: list[HookError]) -> None:
 
 # How long a worker fork waits for imports running in other threads (see below).
 IMPORT_WAIT_SECONDS = 5.0
+# Import locks a fork already waited IMPORT_WAIT_SECONDS for: later forks do not wait
+# for them again (a thread stuck in an import must not cost every worker 5 s).
+_outlasted_imports: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _wait_for_imports_in_other_threads() -> None:
@@ -456,8 +460,8 @@ def _wait_for_imports_in_other_threads() -> None:
     there: the worker's first import of it waits forever (seen: a thread
     receiving a batch imports ``hmac`` for multiprocessing's handshake while
     another thread forks workers, whose numpy seeding imports ``hmac`` too).
-    Waits at most ``IMPORT_WAIT_SECONDS``; an import that outlasts it (or one
-    waiting on this thread) is left as it is.
+    Waits at most ``IMPORT_WAIT_SECONDS`` per import, then forks with a warning
+    naming the module.
     """
     try:
         from importlib import _bootstrap
@@ -468,21 +472,32 @@ def _wait_for_imports_in_other_threads() -> None:
     me = threading.get_ident()
     deadline = None
     while True:
-        busy = False
+        busy = []
         for ref in list(locks.values()):
             lock = ref() if callable(ref) else None
             owner = getattr(lock, "owner", None)
-            if owner is not None and owner != me:
-                busy = True
-                break
+            if owner is not None and owner != me and lock not in _outlasted_imports:
+                busy.append(lock)
         if not busy:
             return
         now = time.monotonic()
         if deadline is None:
             deadline = now + IMPORT_WAIT_SECONDS
         elif now > deadline:
-            return
+            break
         time.sleep(0.001)
+    names = ", ".join(sorted(str(getattr(lock, "name", "?")) for lock in busy))
+    for lock in busy:
+        _outlasted_imports.add(lock)
+    import warnings
+
+    warnings.warn(
+        f"safeloader: another thread has been importing {names} for more than {IMPORT_WAIT_SECONDS:g} s; "
+        "forking the DataLoader worker anyway (a worker that imports it will wait forever: import it "
+        "before starting the loader)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _on_before() -> None:
