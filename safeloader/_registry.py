@@ -504,9 +504,13 @@ def _on_before() -> None:
     _fork_guard.acquire()  # released in _on_after_in_parent; renewed in the child
     context = _context_for_this_fork()
     _local.pending = context
+    if context is not None:
+        # Before the hooks, so that none holds anything while this waits (the pin-memory
+        # gate, the frozen gc, the watchdog's clock for this worker)...
+        _wait_for_imports_in_other_threads()
     errors = _run_phase("before", context)
     if context is not None:
-        _wait_for_imports_in_other_threads()  # last: right before the fork
+        _wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
     arming = armed()
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)
