@@ -450,6 +450,9 @@ IMPORT_WAIT_SECONDS = 5.0
 # Import locks a fork already waited IMPORT_WAIT_SECONDS for: later forks do not wait
 # for them again (a thread stuck in an import must not cost every worker 5 s).
 _outlasted_imports: weakref.WeakSet[Any] = weakref.WeakSet()
+# CPython's import locks in progress: module name -> weakref to a _ModuleLock (.owner: a thread
+# id or None). Looked up once; {} where the interpreter has none (nothing known to wait for).
+_MODULE_LOCKS: dict[str, Any] = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
 
 
 def _wait_for_imports_in_other_threads() -> None:
@@ -463,11 +466,8 @@ def _wait_for_imports_in_other_threads() -> None:
     Waits at most ``IMPORT_WAIT_SECONDS`` per import, then forks with a warning
     naming the module.
     """
-    try:
-        from importlib import _bootstrap
-
-        locks = getattr(_bootstrap, "_module_locks")  # noqa: B009  name -> weakref to a _ModuleLock (.owner: a thread id or None)
-    except (ImportError, AttributeError):  # another Python implementation: nothing known to wait for
+    locks = _MODULE_LOCKS
+    if not locks:  # no import running anywhere (or nothing known to wait for)
         return
     me = threading.get_ident()
     deadline = None
