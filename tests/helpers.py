@@ -106,7 +106,7 @@ def assert_torch_loader_fails(case: str, *args: str, tries: int = 1, seconds: fl
     ``tries`` > 1 for races that a run can miss (processes sharing one connection may
     happen to take turns): the failure must show in one of that many runs."""
     for _ in range(tries):
-        result = run_script("torch_loader_reads.py", case, seconds, *args, timeout=60)
+        result = run_script("torch_loader_reads.py", case, seconds, *args, timeout=60, expect_hang=True)
         if result.timed_out:
             return "hang"
         assert result.returncode == 0, f"the script itself failed:\n{result}"

@@ -3,6 +3,14 @@
 A deadlock must fail a test, never hang it: on timeout the child's whole
 process group (its DataLoader workers included) is killed and the result says
 so, with everything the child printed.
+
+A test that expects a hang (torch's own loader on the code safeloader fixes)
+passes ``expect_hang=True``: the hang is then confirmed as soon as it is
+certain, not at the deadline. Certain means: for ``HANG_QUIET`` seconds the
+main thread of every process of the child's tree stayed asleep in the same
+kernel wait using no CPU, the tree as a whole stayed near idle, and nothing was
+printed. A child that is slow but working uses CPU or prints, and is left to
+its deadline.
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 REPO = str(Path(__file__).resolve().parent.parent)
 CHILDREN = Path(__file__).resolve().parent / "children"
@@ -26,14 +37,92 @@ class Result:
     returncode: int | None  # None: killed at the deadline
     stdout: str
     stderr: str
-    timed_out: bool
+    timed_out: bool  # killed before it ended: at the deadline, or as soon as its hang was certain
+    hang: str = ""  # with expect_hang: each thread's kernel wait when the hang was confirmed
 
     def __str__(self) -> str:
         status = "TIMED OUT" if self.timed_out else f"exit {self.returncode}"
+        if self.hang:
+            status = f"HUNG (confirmed: no main thread ran for {HANG_QUIET:g} s)\n{self.hang}"
         return f"[{status}]\n--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
 
 
-def _run(command: list[str], timeout: float, env: dict[str, str] | None, cwd: str | None) -> Result:
+HANG_QUIET = 4.0
+"""Seconds of a whole process tree stuck before a hang counts as certain (torch's loader wakes
+every 5 s, MP_STATUS_CHECK_INTERVAL, and uses no measurable CPU doing so)."""
+
+HANG_TICKS = 10
+"""CPU ticks (10 ms each) the whole tree may use during those seconds: a helper thread's timer
+(a queue feeder, an event loop) wakes now and then; a tree doing work uses far more."""
+
+_POLL = 0.25
+
+
+def _tree_state(root: int) -> tuple[dict[int, tuple[str, str]], int] | None:
+    """Each process's main thread (pid -> (state, kernel wait channel)) and the CPU
+    ticks of all threads of ``root``'s tree together; None while a main thread is runnable, in
+    uninterruptible I/O (working) or in ``time.sleep`` (a polling loop waits for time, not for
+    something that may never come), or while the tree cannot be read."""
+    try:
+        pids = [root] + [child.pid for child in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    mains, total = {}, 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                state = fields[0]
+                total += int(fields[11]) + int(fields[12])
+                if int(tid) == pid:
+                    with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                        wchan = f.read()
+                    if state in "RD" or "nanosleep" in wchan:  # working, or waiting for time (a polling loop)
+                        return None
+                    mains[pid] = (state, wchan)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread or process that just ended is not hung
+    return mains, total
+
+
+def _describe(mains: dict[int, tuple[str, str]]) -> str:
+    return "\n".join(f"  pid {pid}: main thread {state} in {wchan or '?'}" for pid, (state, wchan) in mains.items())
+
+
+def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err) -> tuple[int | None, str]:
+    """Wait for ``process`` until ``timeout``; with ``expect_hang``, return early once its hang is
+    certain: every process's main thread asleep in the same wait, the whole tree near idle
+    (a main thread that sleeps in a polling loop wakes, but stays in that wait) and printing nothing, for ``HANG_QUIET`` seconds. Returns (exit code or None, the
+    hang's evidence or "")."""
+    if not expect_hang:
+        try:
+            return process.wait(timeout=timeout), ""
+        except subprocess.TimeoutExpired:
+            return None, ""
+    deadline = time.monotonic() + timeout
+    since, mark = time.monotonic(), None
+    while time.monotonic() < deadline:
+        try:
+            return process.wait(timeout=_POLL), ""
+        except subprocess.TimeoutExpired:
+            pass
+        state = _tree_state(process.pid)
+        if state is None:
+            since, mark = time.monotonic(), None
+            continue
+        mains, ticks = state
+        now = (os.fstat(out.fileno()).st_size, os.fstat(err.fileno()).st_size, mains)
+        if mark is None or now != mark[0] or ticks - mark[1] > HANG_TICKS:
+            since, mark = time.monotonic(), (now, ticks)
+        elif time.monotonic() - since >= HANG_QUIET:
+            return None, _describe(mains)
+    return None, ""
+
+
+def _run(
+    command: list[str], timeout: float, env: dict[str, str] | None, cwd: str | None, expect_hang: bool = False
+) -> Result:
     """Run ``command``; kill it and its workers at ``timeout`` seconds.
 
     Output goes to files, not pipes, and the deadline is on the child itself:
@@ -52,10 +141,7 @@ def _run(command: list[str], timeout: float, env: dict[str, str] | None, cwd: st
             cwd=cwd,
             start_new_session=True,  # its own process group, so workers die with it
         )
-        try:
-            returncode: int | None = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            returncode = None
+        returncode, hang = _wait(process, timeout, expect_hang, out, err)
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:  # the group is empty: nothing was left behind
@@ -63,7 +149,7 @@ def _run(command: list[str], timeout: float, env: dict[str, str] | None, cwd: st
         process.wait()
         out.seek(0)
         err.seek(0)
-        return Result(returncode, out.read(), err.read(), timed_out=returncode is None)
+        return Result(returncode, out.read(), err.read(), timed_out=returncode is None, hang=hang)
 
 
 def _checked(result: Result) -> Result:
@@ -72,9 +158,12 @@ def _checked(result: Result) -> Result:
     return result
 
 
-def run_python(code: str, timeout: float, env: dict[str, str] | None = None, cwd: str | None = None) -> Result:
-    """Run ``code`` in a fresh interpreter (``python -c``); kill it and its workers at ``timeout`` seconds."""
-    return _run([sys.executable, "-c", textwrap.dedent(code)], timeout, env, cwd)
+def run_python(
+    code: str, timeout: float, env: dict[str, str] | None = None, cwd: str | None = None, expect_hang: bool = False
+) -> Result:
+    """Run ``code`` in a fresh interpreter (``python -c``); kill it and its workers at ``timeout``
+    seconds, or, with ``expect_hang``, as soon as their hang is certain."""
+    return _run([sys.executable, "-c", textwrap.dedent(code)], timeout, env, cwd, expect_hang)
 
 
 def check_python(code: str, timeout: float, env: dict[str, str] | None = None) -> Result:
@@ -104,11 +193,12 @@ def run_script(
     timeout: float,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
+    expect_hang: bool = False,
 ) -> Result:
     """Run the script ``script`` (a name in ``tests/children``, or a path) with ``args`` as its
-    argv, like ``run_python``: same deadline, same kill of the process group."""
+    argv, like ``run_python``: same deadline, same kill of the process group, same ``expect_hang``."""
     command, child_env = script_command(script, *args, env=env)
-    return _run(command, timeout, child_env, cwd)
+    return _run(command, timeout, child_env, cwd, expect_hang)
 
 
 def check_script(

@@ -116,7 +116,7 @@ def test_bad_registration_arguments_are_refused_when_registering(keyword, value,
 # multiprocessing and dropped: torch's loader then waits forever (children/lost_batch.py).
 @pytest.mark.torch_baseline
 def test_torch_waits_forever_for_a_batch_its_worker_could_not_send():
-    result = run_script("lost_batch.py", "torch", timeout=20)
+    result = run_script("lost_batch.py", "torch", timeout=20, expect_hang=True)
     assert result.timed_out, result
 
 
@@ -164,7 +164,7 @@ def test_sigterm_leaves_nothing_of_safeloader_in_the_temp_directory():
 # its import lock held by a thread it does not have.
 @pytest.mark.torch_baseline
 def test_torch_worker_hangs_importing_a_module_another_thread_was_importing_at_the_fork(tmp_path):
-    assert run_script("import_in_another_thread.py", "torch", tmp_path, timeout=15).timed_out
+    assert run_script("import_in_another_thread.py", "torch", tmp_path, timeout=15, expect_hang=True).timed_out
 
 
 def test_safeloader_forks_once_the_other_threads_import_is_done(tmp_path):

@@ -19,7 +19,7 @@ pytest.importorskip("polars")  # in the test extra; skipped only where the extra
 
 @pytest.mark.torch_baseline
 def test_torch_workers_hang_after_the_parent_used_polars(tmp_path):
-    result = run_script("polars_scenario.py", "torch", tmp_path, timeout=25)
+    result = run_script("polars_scenario.py", "torch", tmp_path, timeout=25, expect_hang=True)
     assert result.timed_out, f"torch's workers were expected to hang on polars' inherited pool:\n{result}"
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(200)
 # (children/loader_lock_at_fork.py).
 @pytest.mark.torch_baseline
 def test_torch_hangs_when_a_parent_thread_holds_the_loader_lock_at_fork():
-    assert run_script("loader_lock_at_fork.py", "torch", timeout=15).timed_out
+    assert run_script("loader_lock_at_fork.py", "torch", timeout=15, expect_hang=True).timed_out
 
 
 def test_safeloader_forks_after_a_parent_thread_releases_the_loader_lock():
@@ -33,7 +33,7 @@ def test_safeloader_forks_after_a_parent_thread_releases_the_loader_lock():
 # backend would keep it at one thread.
 @pytest.mark.torch_baseline
 def test_torch_hangs_on_gnu_openmp_after_the_parent_ran_a_parallel_region():
-    assert run_script("openmp_after_parent_region.py", "torch", timeout=15).timed_out
+    assert run_script("openmp_after_parent_region.py", "torch", timeout=15, expect_hang=True).timed_out
 
 
 def test_a_gnu_openmp_hang_names_the_disabled_threadpools_backend():

@@ -88,7 +88,7 @@ def test_parent_openmp_region_then_budgeted_workers_do_not_hang():
 def test_same_budget_applied_naively_hangs_torch_loader():
     # The failure the pinning avoids: the same budget of 2 given to OpenMP in
     # torch's worker (via threadpoolctl) hangs at the first parallel region.
-    result = run_script("threadpools_openmp_parent.py", "naive-torch", timeout=12)
+    result = run_script("threadpools_openmp_parent.py", "naive-torch", timeout=12, expect_hang=True)
     assert result.timed_out, f"expected torch's loader to hang:\n{result}"
 
 
@@ -101,7 +101,7 @@ def test_raising_torch_threads_in_a_pinned_worker_raises_instead_of_hanging():
 
 @pytest.mark.torch_baseline
 def test_raising_torch_threads_in_torch_loader_hangs():
-    result = run_script("threadpools_openmp_parent.py", "more-threads-torch", timeout=12)
+    result = run_script("threadpools_openmp_parent.py", "more-threads-torch", timeout=12, expect_hang=True)
     assert result.timed_out, f"expected torch's loader to hang:\n{result}"
 
 

@@ -24,7 +24,7 @@ def plain_array(tmp_path_factory) -> str:
 
 @pytest.mark.torch_baseline
 def test_stateful_dataloader_hangs_without_safeloader(plain_array):
-    result = run_script("stateful_loader.py", "torch only", plain_array, timeout=20)
+    result = run_script("stateful_loader.py", "torch only", plain_array, timeout=20, expect_hang=True)
     assert result.timed_out, f"torchdata's loader was expected to hang after the parent decoded:\n{result}"
     assert "iterating" in result.stdout
 

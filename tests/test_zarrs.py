@@ -121,7 +121,7 @@ def check_reads(items, reference: np.ndarray, mode: str | None = "pool") -> None
 
 @pytest.mark.torch_baseline
 def test_torch_dataloader_hangs_after_the_parent_decoded_zarrs(arrays):
-    result = run_script("zarrs_seed.py", arrays["plain"], timeout=20)
+    result = run_script("zarrs_seed.py", arrays["plain"], timeout=20, expect_hang=True)
     assert result.timed_out, f"torch's own DataLoader was expected to hang:\n{result}"
     assert "iterating" in result.stdout  # the hang is in the loader, not before it
 
