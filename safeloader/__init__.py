@@ -47,6 +47,8 @@ def configure(**options: object) -> Options:
 if TYPE_CHECKING:
     from ._install import install, installed, uninstall
     from ._loader import DEFAULT, SafeDataLoader
+    from ._unsafe_fork import UnsafeForkWarning
+    from .watchdog import WorkerStallError
 
     DataLoader = SafeDataLoader
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,8 @@ BATCH_SIZE = 4
 TORCH_DEADLINE = 15.0
 SAFELOADER_DEADLINE = 90.0
 SAFELOADER_STALL_TIMEOUT = 20.0
+ERROR_LIMIT = 160  # characters of an error shown in a progress line
+CELL_LIMIT = 60  # characters of a table cell
 
 FORMATS = {
     "zarr": "zarr array, zstd, read through zarrs",
@@ -45,6 +48,62 @@ def expected_item(index: int) -> np.ndarray:
     """The content of item ``index`` in every format: distinct values, so a wrong item is caught."""
     plane = np.arange(PLANE[0] * PLANE[1], dtype=np.float32).reshape(PLANE)
     return plane * 0.25 + index * 1000.0
+
+
+# -- error text ----------------------------------------------------------------------
+
+# torch re-raises a worker's exception in the parent as
+# "Caught X in DataLoader worker process N.\nOriginal Traceback (most recent call last):\n...",
+# the worker's traceback as text, its last unindented lines being "module.X: message".
+_ORIGINAL_TRACEBACK = "Original Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::[ ]?(?P<message>.*))?$")
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut at a word boundary with "..." if longer."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    space = cut.rfind(" ")
+    if space > limit // 2:  # else one long word: cut inside it rather than lose most of the text
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.") + "..."
+
+
+def _original_exception(traceback_text: str) -> tuple[str, str] | None:
+    """(type name, message) of the last exception of a formatted traceback, or None."""
+    lines = traceback_text.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    start = frames[-1] + 1 if frames else 0
+    for i in range(start, len(lines)):
+        line = lines[i]
+        if not line or line.startswith(" "):  # the frame's source line, carets
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if not match:
+            return None
+        message = [match.group("message") or "", *lines[i + 1 :]]
+        return match.group("type").rsplit(".", 1)[-1], " ".join(part.strip() for part in message if part.strip())
+    return None
+
+
+def describe_error(error: BaseException, limit: int = ERROR_LIMIT) -> str:
+    """The error's type and its own message, e.g. "BadZipFile: Bad magic number for file header".
+
+    For an error torch re-raised from a worker, the worker's original exception
+    (its type and message, from the traceback torch carries as text), not the
+    wrapper's "Caught X in DataLoader worker process N." line. Long messages are
+    cut at a word boundary.
+    """
+    text = str(error).strip()
+    if _ORIGINAL_TRACEBACK in text:
+        original = _original_exception(text.split(_ORIGINAL_TRACEBACK, 1)[1])
+        if original is not None:
+            name, message = original
+            return shorten(f"{name}: {message}" if message else name, limit)
+    name = type(error).__name__
+    return shorten(f"{name}: {text}" if text else name, limit)
 
 
 # -- the data ------------------------------------------------------------------------
@@ -147,10 +206,9 @@ def run_one(fmt: str, loader_kind: str, path: str) -> dict[str, Any]:
         for batch in loader:
             items.extend(batch.numpy())
     except Exception as error:  # what torch's loader raises is part of the result
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return {
             "status": "failed",
-            "error": f"{type(error).__name__}: {first_line}"[:160],
+            "error": describe_error(error),
             "seconds": time.perf_counter() - start,
         }
     seconds = time.perf_counter() - start
@@ -198,7 +256,7 @@ def _spawn_run(fmt: str, loader_kind: str, path: str, deadline: float) -> Outcom
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if process.returncode != 0 or not lines:
         last = (stderr.strip().splitlines() or ["no output"])[-1]
-        return Outcome("crashed", elapsed, f"exit {process.returncode}: {last[:120]}")
+        return Outcome("crashed", elapsed, f"exit {process.returncode}: {shorten(last, 120)}")
     result = json.loads(lines[-1])
     if result["status"] == "failed":
         return Outcome("failed", result["seconds"], result["error"])
@@ -208,13 +266,17 @@ def _spawn_run(fmt: str, loader_kind: str, path: str, deadline: float) -> Outcom
 
 def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
     header = ("data", "torch.utils.data.DataLoader", "load time", "safeloader.DataLoader", "load time")
-    body = [(FORMATS[f], t.cell, f"{t.seconds:.1f} s", s.cell, f"{s.seconds:.1f} s") for f, t, s in rows]
+    body: list[tuple[str, ...]] = [
+        tuple(
+            shorten(cell, CELL_LIMIT)
+            for cell in (FORMATS[f], t.cell, f"{t.seconds:.1f} s", s.cell, f"{s.seconds:.1f} s")
+        )
+        for f, t, s in rows
+    ]  # long cells cut at a word boundary, never mid-word
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    widths[1] = min(widths[1], 60)
-    widths[3] = min(widths[3], 60)
 
     def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(cell[:w].ljust(w) for cell, w in zip(cells, widths)).rstrip()
+        return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip()
 
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body)])
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+
+from safeloader.demo import describe_error, shorten
 
 from .subproc import run_python
 
@@ -28,3 +32,56 @@ def test_demo_table_shows_safeloader_correct_for_every_format():
     torch_zarr = next(line for line in progress if FORMATS[0] in line and "torch.utils.data.DataLoader" in line)
     assert "HUNG, killed after 8 s" in torch_zarr, out
     assert "safeloader returned correct data for every format" in out, out
+    # A failure shows the worker's own exception (type and message), never torch's wrapper line cut short.
+    assert "Caught " not in out and "in DataLoader worker" not in out, out
+    for line in out.splitlines():
+        if "FAILED: " in line:
+            assert re.search(r"FAILED: [A-Za-z_]\w*(: |\s|$)", line), line
+
+
+# What a worker raised, as torch re-raises it in the parent (the demo's children do the same).
+WORKER_ERROR = """
+import zipfile
+import torch.utils.data
+from safeloader.demo import describe_error
+
+class Broken(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, index):
+        raise zipfile.BadZipFile({message!r})
+
+try:
+    list(torch.utils.data.DataLoader(Broken(), num_workers=1))
+except Exception as error:
+    assert str(error).startswith("Caught BadZipFile in DataLoader worker process 0."), str(error)
+    print("shown:", describe_error(error), flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_error_is_shown_as_its_type_and_original_message():
+    message = "Bad CRC-32 for file 'item_003.npy'"
+    result = run_python(WORKER_ERROR.format(message=message), timeout=50)
+    assert not result.timed_out and result.returncode == 0, str(result)
+    assert f"shown: BadZipFile: {message}\n" in result.stdout, str(result)
+
+
+def test_a_long_or_multiline_message_is_cut_at_a_word_boundary():
+    wrapped = RuntimeError(
+        "Caught HookError in DataLoader worker process 3.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in _worker_loop\n'
+        "    data = fetcher.fetch(index)\n"
+        "           ^^^^^^^^^^^^^^^^^^^^\n"
+        "safeloader.errors.HookError: hook 'mylib' failed in after_in_child\n"
+        "in worker 3: " + "disk quota exceeded " * 20
+    )
+    shown = describe_error(wrapped, limit=100)
+    assert shown.startswith("HookError: hook 'mylib' failed in after_in_child in worker 3: disk quota"), shown
+    assert len(shown) <= 100 and shown.endswith("..."), shown
+    assert shown[:-3].split()[-1] in {"disk", "quota", "exceeded"}, shown  # whole words only
+    assert describe_error(ValueError("short")) == "ValueError: short"
+    assert describe_error(KeyError("missing")) == "KeyError: 'missing'"
+    assert describe_error(StopIteration()) == "StopIteration"
+    assert shorten("one two three four", 12) == "one two..."

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md runs as written, so the README cannot drift from the code.
+"""Every ```python block of README.md and of docs/**/*.md runs as written, so the docs cannot drift from the code.
 
 Blocks are found when the tests are collected: a block added later is tested
 without changing this file. Each runs in a fresh interpreter under a deadline,
@@ -19,10 +19,12 @@ from .subproc import run_python
 
 pytestmark = pytest.mark.timeout(120)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
-# What the README's fragments take as given. Keep it to names a reader would
+# What the fragments take as given. Keep it to names a reader would
 # have in their own program; a block that needs more should define it itself.
 PREAMBLE = """
 import numpy as np
@@ -46,8 +48,8 @@ np.savez("x.npz", images=np.arange(8 * 4 * 4, dtype=np.float32).reshape(8, 4, 4)
 EPILOGUE = """
 if isinstance(globals().get("loader"), torch.utils.data.DataLoader):
     batches = list(loader)
-    assert batches, "the README's loader yielded nothing"
-print("README block ran", flush=True)
+    assert batches, "the block's loader yielded nothing"
+print("documented block ran", flush=True)
 """
 
 # Blocks that are deliberately not run, by their first line, each with why.
@@ -55,25 +57,35 @@ print("README block ran", flush=True)
 NOT_RUNNABLE: dict[str, str] = {}
 
 
-def readme_blocks() -> list[tuple[int, str]]:
-    text = README.read_text()
-    return [(text.count("\n", 0, match.start()) + 1, match.group(1)) for match in BLOCK.finditer(text)]
+def markdown_files() -> list[Path]:
+    """README.md, then every page under docs/ (sorted)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
 
 
-BLOCKS = readme_blocks()
+def python_blocks(path: Path) -> list[tuple[str, str]]:
+    """Each ```python block of ``path`` as ("<file relative to the root>:<line>", code)."""
+    text = path.read_text()
+    name = path.relative_to(ROOT).as_posix()
+    return [(f"{name}:{text.count(chr(10), 0, match.start()) + 1}", match.group(1)) for match in BLOCK.finditer(text)]
 
 
-def test_the_readme_has_python_blocks_and_every_exemption_matches_one():
+BLOCKS = [block for path in markdown_files() for block in python_blocks(path)]
+
+
+def test_the_readme_and_docs_have_python_blocks_and_every_exemption_matches_one():
+    readme = [where for where, _ in BLOCKS if where.startswith("README.md:")]
+    assert len(readme) >= 3, readme
     assert len(BLOCKS) >= 5
+    assert any(where.startswith("docs/") for where, _ in BLOCKS), "no ```python block found under docs/"
     first_lines = {code.splitlines()[0] for _, code in BLOCKS}
     assert set(NOT_RUNNABLE) <= first_lines, set(NOT_RUNNABLE) - first_lines
 
 
-@pytest.mark.parametrize(("line", "code"), BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
-def test_readme_block_runs_as_written(line, code, tmp_path):
+@pytest.mark.parametrize(("where", "code"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_documented_block_runs_as_written(where, code, tmp_path):
     first = code.splitlines()[0]
     if first in NOT_RUNNABLE:
-        pytest.skip(f"README.md:{line} is not runnable: {NOT_RUNNABLE[first]}")
+        pytest.skip(f"{where} is not runnable: {NOT_RUNNABLE[first]}")
     result = run_python(PREAMBLE + code + EPILOGUE, timeout=90, cwd=str(tmp_path))
-    assert not result.timed_out and result.returncode == 0, f"README.md:{line} failed:\n{code}\n{result}"
-    assert "README block ran" in result.stdout
+    assert not result.timed_out and result.returncode == 0, f"{where} failed:\n{code}\n{result}"
+    assert "documented block ran" in result.stdout
