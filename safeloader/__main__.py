@@ -15,7 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--torch-deadline", type=float, default=None, help="seconds before torch's run counts as hung")
     demo.add_argument("--keep", action="store_true", help="keep the generated data directory")
-    doctor = commands.add_parser("doctor", help="what is live and unsafe at fork here, and what safeloader will do")
+    doctor = commands.add_parser(
+        "doctor", help="what is live at fork here, which hook handles each, and what will break in workers"
+    )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
     doctor.add_argument(
         "--import", dest="imports", nargs="+", default=[], metavar="PKG", help="import these modules first"

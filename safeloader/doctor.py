@@ -1,10 +1,13 @@
 """``safeloader doctor``: what would happen if this process started DataLoader workers now.
 
 Reports the versions, the start method workers will use, every registered
-fork hook (built-in backends included) and whether it is active, what is live
-in this process that a forked worker inherits in a broken state (native
-threads and the pools they belong to, open h5py files and npz archives, CUDA,
-other Python threads), and what safeloader will do about each.
+fork hook (built-in backends included) and whether it is active, and what is
+live in this process at fork (native threads and the pools they belong to,
+open h5py files and npz archives, CUDA, Python threads), each in one group:
+handled at fork (naming the hook that handles it: a safeloader backend, or the
+library's own fork handler), safe at fork by itself, will break in forked
+workers (with a remedy), or unknown to safeloader. The last line says what to
+do, in one line (``summary``).
 
 From the command line: ``python -m safeloader doctor [--json] [--import pkg ...]``.
 From code: ``safeloader.doctor()`` prints the report and returns it as a dict;
@@ -26,11 +29,16 @@ from typing import IO, Any
 
 from . import _registry, _stacks, backends, forkstate, native
 from ._options import get_options
-from .hook_names import FILES, H5PY, THREADPOOLS, TORCH, ZARRS
+from .hook_names import FILES, H5PY, PIN_MEMORY, THREADPOOLS, TORCH, ZARRS
 
 __all__ = ["collect", "doctor", "format_report"]
 
 DISTRIBUTIONS = ("torch-safeloader", "torch", "numpy", "zarr", "zarrs", "h5py", "threadpoolctl")
+# Kernel names of threads that never named themselves (they inherit the process's).
+UNNAMED = frozenset({"python", "python3", "pt_main_thread"})
+# Libraries whose Python event-loop thread and executors a forked child re-creates by itself,
+# from the library's own os.register_at_fork handler: (module, library/hook name, the handler).
+LOOP_OWNERS = (("zarr.core.sync", "zarr", "reset_resources_after_fork"), ("fsspec.asyn", "fsspec", "reset_after_fork"))
 
 
 def _does(name: str) -> str:
@@ -110,12 +118,6 @@ def _hook_runs(name: str) -> bool:
     return _registry.hook_runs(name, get_options())
 
 
-def _plan(name: str, active_text: str) -> str:
-    if _hook_runs(name):
-        return active_text
-    return f"nothing: the {name!r} backend is disabled or missing; workers may hang or read wrong data"
-
-
 def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
     """Libraries on each of this process's native threads' stacks (innermost first).
 
@@ -127,7 +129,7 @@ def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
     return {} if watchdog.in_watched_worker() else _stacks.own_thread_libraries(tids)
 
 
-def _classify(libraries: list[str], waits_in: str | None) -> str:
+def _classify(libraries: list[str], waits_in: str | None, name: str = "") -> str:
     everything = [*libraries, *([waits_in] if waits_in else [])]
     for path in everything:
         base = os.path.basename(path).lower()
@@ -141,6 +143,10 @@ def _classify(libraries: list[str], waits_in: str | None) -> str:
             return "HDF5"
         if base.startswith(("libiomp", "libomp")):
             return "LLVM/Intel OpenMP"
+        if base.startswith(("libtorch_cpu", "libc10.")):
+            return "torch (its thread pools)"
+    if name.startswith("jemalloc_bg_thd"):  # they block signals: no stack, only libc's futex wait
+        return "jemalloc (background threads)"
     owner = next(iter(everything), None)
     if owner is None:
         return "unknown library"
@@ -187,99 +193,253 @@ def _open_npz_archives() -> list[str]:
     return found
 
 
+def _remedy(name: str) -> str:
+    """How to turn the hook ``name`` back on where it does not run ('' when there is no such hook)."""
+    hook = _registry.get_hook(name)
+    if hook is None:
+        return ""
+    if name in get_options().disable_hooks:
+        return f"remove {name!r} from safeloader.configure(disable_hooks=...) and the loader's disable_hooks"
+    if not hook.enabled:
+        return f"call safeloader.enable({name!r})"
+    return backends.status(name) or f"drop {name!r} from the loader's disable_hooks"
+
+
+def _loop_threads() -> dict[int, tuple[str, str]]:
+    """Python threads of the event loops and executors of libraries that re-create them in a
+    forked child themselves: ident -> (library, who handles them)."""
+    found: dict[int, tuple[str, str]] = {}
+    for module_name, library, reset in LOOP_OWNERS:
+        module = sys.modules.get(module_name)
+        if module is None or not callable(getattr(module, reset, None)):
+            continue  # a version without its own at-fork reset: its threads stay unexplained
+        threads: list[Any] = [*(getattr(module, "iothread", None) or [])]
+        executors = [getattr(module, "_executor", None)]
+        loop = (getattr(module, "loop", None) or [None])[0]
+        executors.append(getattr(loop, "_default_executor", None))
+        for executor in executors:
+            threads += list(getattr(executor, "_threads", None) or ())
+        hook = library if _hook_runs(library) else None
+        by = (
+            f"hook {hook!r} ({_does(hook)}), and {library}'s own fork handler ({module_name}.{reset})"
+            if hook
+            else f"{library}'s own fork handler ({module_name}.{reset}): a worker starts its own event loop and "
+            "threads on first use"
+        )
+        for thread in threads:
+            if thread is not None and thread.ident is not None:
+                found[thread.ident] = (library, by)
+    return found
+
+
+def _pin_memory_thread(thread: threading.Thread) -> bool:
+    target = getattr(thread, "_target", None)
+    return getattr(target, "__name__", "") == "_pin_memory_loop"
+
+
 def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
+    """Everything live at fork, each with its status: "handled" (by the hook in ``handled_by``),
+    "breaks" (with a ``remedy``), "unknown" (native threads of a library no backend knows) or
+    "harmless" (nothing a worker inherits is broken by it)."""
     hazards: list[dict[str, Any]] = []
     options = get_options()
 
-    def add(kind: str, what: str, safeloader_will: str, handled: bool) -> None:
-        hazards.append({"kind": kind, "what": what, "safeloader_will": safeloader_will, "handled": handled})
+    def add(kind: str, subject: str, what: str, status: str, by: str = "", remedy: str = "") -> None:
+        hazards.append(
+            {
+                "kind": kind,
+                "subject": subject,
+                "what": what,
+                "status": status,
+                "handled": status in ("handled", "harmless"),
+                "handled_by": by,
+                "remedy": remedy,
+                "safeloader_will": by if status == "handled" else remedy or by,
+            }
+        )
 
+    def hook_or_break(kind: str, subject: str, what: str, hook: str, does: str, alternative: str) -> None:
+        if _hook_runs(hook):
+            add(kind, subject, what, "handled", f"hook {hook!r}: {does}")
+        else:
+            enable = _remedy(hook)
+            add(kind, subject, what, "breaks", remedy=f"{enable}, or {alternative}" if enable else alternative)
+
+    forkserver = "start the workers with on_unsafe_fork='forkserver' (per loader or safeloader.configure)"
     libraries = thread_libraries(t.tid for t in state.native_threads)
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list[forkstate.ForeignThread]] = {}
     for thread in state.native_threads:
-        groups.setdefault(_classify(libraries.get(thread.tid, []), thread.library), []).append(thread.tid)
-    for owner, tids in sorted(groups.items()):
-        what = f"{len(tids)} native thread(s) of {owner} (tids {', '.join(map(str, tids[:8]))})"
+        groups.setdefault(_classify(libraries.get(thread.tid, []), thread.library, thread.name), []).append(thread)
+    for owner, threads in sorted(groups.items()):
+        tids = [t.tid for t in threads]
+        names = sorted({t.name for t in threads} - UNNAMED)
+        what = (
+            f"{len(tids)} native thread(s) of {owner} (tids {', '.join(map(str, tids[:8]))}"
+            f"{', ...' if len(tids) > 8 else ''}{'; named ' + ', '.join(names[:8]) if names else ''})"
+        )
         if owner.startswith("zarrs"):
-            add(
+            hook_or_break(
                 "pool",
-                f"zarrs' rayon pool is live: {what}. A forked worker inherits it without its threads: "
-                "multi-chunk reads hang",
-                _plan(ZARRS, _does(ZARRS) + f" ({options.zarrs_mode!r})"),
-                _hook_runs(ZARRS),
+                "zarrs' rayon pool",
+                f"zarrs' rayon pool: {what}. Inherited without its threads, multi-chunk reads would hang",
+                ZARRS,
+                _does(ZARRS).replace("(zarrs_mode)", f"(zarrs_mode={options.zarrs_mode!r})"),
+                forkserver,
             )
         elif owner.startswith("GNU OpenMP"):
-            add(
+            hook_or_break(
                 "pool",
-                f"GNU OpenMP pool is live: {what}. A forked worker running a parallel region with >1 thread hangs",
-                _plan(THREADPOOLS, "each worker runs GNU OpenMP with 1 thread (other pools: the thread budget)"),
-                _hook_runs(THREADPOOLS),
+                "GNU OpenMP (libgomp)",
+                f"GNU OpenMP pool: {what}. A worker running a parallel region with >1 thread would hang",
+                THREADPOOLS,
+                "each worker runs GNU OpenMP with 1 thread (other pools: the thread budget)",
+                "keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn), or " + forkserver,
             )
-        elif owner == "OpenBLAS":
+        elif owner in ("OpenBLAS", "LLVM/Intel OpenMP"):
+            if _hook_runs(THREADPOOLS):
+                add(
+                    "pool",
+                    owner,
+                    f"{owner} pool: {what}. Fork-safe (it restarts its threads in a child)",
+                    "handled",
+                    f"hook {THREADPOOLS!r}: {_does(THREADPOOLS)}",
+                )
+            else:
+                add(
+                    "pool",
+                    owner,
+                    f"{owner} pool: {what}. Fork-safe (it restarts its threads in a child), but "
+                    "every worker would use all cores",
+                    "harmless",
+                    f"{owner} starts its threads again in a child; to cap each worker's threads, "
+                    + _remedy(THREADPOOLS),
+                )
+        elif owner.startswith("torch"):
             add(
-                "pool",
-                f"OpenBLAS pool is live: {what}. Fork-safe, but every worker would use all cores",
-                _plan(THREADPOOLS, _does(THREADPOOLS)),
-                _hook_runs(THREADPOOLS),
+                "native threads",
+                owner,
+                f"torch's thread pools: {what}",
+                "harmless",
+                "torch's own fork handlers (pthread_atfork) mark its pools unusable in a child, which starts new "
+                "ones on first use",
+            )
+        elif owner.startswith("jemalloc"):
+            add(
+                "native threads",
+                owner,
+                f"jemalloc's background threads: {what}",
+                "harmless",
+                "jemalloc's own fork handlers (pthread_atfork): a worker's allocator is consistent and starts "
+                "its own background threads",
             )
         elif owner.endswith(("rayon pool", "tokio runtime")):
             library = owner.split("'", 1)[0]
-            handled = _hook_runs(library)
-            names = sorted({t.name for t in state.native_threads if t.tid in tids})
-            add(
+            hook_or_break(
                 "pool",
-                f"{owner} is live: {what}, named {', '.join(names[:8])}. A forked worker inherits it without "
-                "its threads: its first parallel call hangs",
-                _does(library)
-                if handled
-                else "nothing resets it; the stall watchdog names a worker that hangs on it. Start workers safely "
-                "with on_unsafe_fork='forkserver' (per loader or safeloader.configure)",
-                handled,
+                owner,
+                f"{owner}: {what}. Inherited without its threads, its first parallel call would hang",
+                library,
+                _does(library),
+                forkserver,
             )
         else:
             add(
                 "native threads",
-                f"{what}: a lock or pool they own is inherited in whatever state it was",
-                "no backend knows this library; the stall watchdog names a worker that hangs on it "
-                f"(stall_timeout={options.stall_timeout})",
-                False,
+                owner,
+                f"{what}: a pool or lock they own is inherited in whatever state it was",
+                "unknown",
+                remedy=f"no backend knows {owner}; if a worker stalls in it (the stall watchdog names it, "
+                f"stall_timeout={options.stall_timeout}), {forkserver}",
             )
     for entry in _open_h5py_files():
         writable = entry["mode"] != "r"
-        add(
-            "open file",
-            f"open h5py file {entry['path']} (mode {entry['mode']!r}): workers would share the parent's HDF5 handle",
-            _plan(H5PY, _does(H5PY))
-            if writable
-            else _plan(FILES, "each worker gets its own file offset for it (the 'files' hook)"),
-            _hook_runs(H5PY) if writable else _hook_runs(FILES),
-        )
+        what = f"open h5py file {entry['path']} (mode {entry['mode']!r}): workers would share the parent's HDF5 handle"
+        if writable:
+            hook_or_break("open file", "h5py", what, H5PY, _does(H5PY), "close the file before the loader starts")
+        else:
+            hook_or_break(
+                "open file",
+                "h5py",
+                what,
+                FILES,
+                "each worker reads it through its own file offset",
+                "open the file in the worker",
+            )
     for path in _open_npz_archives():
-        add(
+        hook_or_break(
             "open file",
+            "numpy npz",
             f"open npz archive {path}: workers would share one file offset (BadZipFile, wrong data)",
-            _plan(FILES, "each worker gets its own file offset for the archive (the 'files' hook)"),
-            _hook_runs(FILES),
+            FILES,
+            "each worker reads the archive through its own file offset",
+            "open the archive in the worker",
         )
     for name in state.accelerators:
-        add(
+        hook_or_break(
             "accelerator",
+            f"torch.{name}",
             f"torch.{name} is initialised: a forked worker cannot use it",
-            _plan(TORCH, f"a worker that touches {name} raises a clear error (the parent may keep using it)"),
-            _hook_runs(TORCH),
+            TORCH,
+            f"a worker that touches {name} raises a clear error (the parent may keep using it)",
+            f"do not use {name} in workers",
         )
     me = threading.current_thread()
-    others = [t.name for t in threading.enumerate() if t is not me and t.is_alive()]
-    if others:
+    owned = _loop_threads()
+    by_library: dict[str, tuple[str, list[str]]] = {}
+    unknown = []
+    for python_thread in threading.enumerate():
+        if python_thread is me or not python_thread.is_alive():
+            continue
+        library, by = owned.get(python_thread.ident or 0, ("", ""))
+        if library:
+            by_library.setdefault(library, (by, []))[1].append(python_thread.name)
+        elif _pin_memory_thread(python_thread):
+            hook_or_break(
+                "python thread",
+                "pin_memory",
+                f"Python thread {python_thread.name} (a DataLoader's pin-memory thread)",
+                PIN_MEMORY,
+                _does(PIN_MEMORY),
+                "start loaders one after the other",
+            )
+        else:
+            unknown.append(python_thread.name)
+    for library, (by, names) in sorted(by_library.items()):
         add(
             "python threads",
-            f"{len(others)} other Python thread(s): {', '.join(others[:10])}. A lock one of them holds at the fork "
-            "stays held forever in workers",
-            "nothing can release such a lock; the stall watchdog names the stuck worker and frame "
+            library,
+            f"{len(names)} Python thread(s) of {library}'s event loop and its executor: {', '.join(names[:10])}",
+            "handled",
+            by,
+        )
+    if unknown:
+        add(
+            "python threads",
+            "Python threads",
+            f"{len(unknown)} other Python thread(s): {', '.join(unknown[:10])}. Not a hazard by itself: only a "
+            "lock one holds at the fork that a worker then needs would stay held there",
+            "harmless",
+            f"nothing to do unless they hold such a lock; then the stall watchdog names the stuck worker and frame "
             f"(stall_timeout={options.stall_timeout})",
-            False,
         )
     return hazards
+
+
+def summary(hazards: list[dict[str, Any]]) -> str:
+    """The report's last line: what to do, in one line."""
+    problems = [h for h in hazards if h["status"] == "breaks"]
+    if problems:
+        return f"{len(problems)} problem(s): " + "; ".join(f"{h['subject']} -> {h['remedy']}" for h in problems)
+    unknown = [h for h in hazards if h["status"] == "unknown"]
+    if unknown:
+        return (
+            "Nothing known to break: every live state safeloader recognises is handled; unknown to it: "
+            + ", ".join(h["subject"] for h in unknown)
+            + " (if a worker stalls there, use on_unsafe_fork='forkserver')."
+        )
+    if any(h["status"] == "handled" for h in hazards):
+        return "Nothing to do: everything live in this process is handled at fork (by the hook named for each)."
+    return "Nothing to do: nothing live in this process is unsafe at fork."
 
 
 def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
@@ -290,6 +450,7 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
 
     state = forkstate.snapshot(pools=True)
     options = get_options()
+    hazards = _hazards(state)
     return {
         "versions": _versions(),
         "start_method": _start_method(),
@@ -302,7 +463,8 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
             "on_unsafe_fork": options.on_unsafe_fork,
         },
         "hooks": _hooks(),
-        "live_at_fork": _hazards(state),
+        "live_at_fork": hazards,
+        "summary": summary(hazards),
         "process": {
             "pid": state.pid,
             "python_threads": [name for _, name in state.python_threads],
@@ -343,20 +505,32 @@ def format_report(report: dict[str, Any]) -> str:
         mark = "on " if hook["active"] else "off"
         lines.append(f"  [{mark}] {hook['name']:<20} {hook['state']}")
         lines.append(f"        {hook['does']}")
-    lines += ["", "Live in this process and unsafe at fork:"]
-    if not report["live_at_fork"]:
-        lines.append("  nothing: no native threads, pools, open HDF5/npz files, CUDA or other Python threads.")
-    for hazard in report["live_at_fork"]:
-        mark = "ok  " if hazard["handled"] else "WARN"
-        lines.append(f"  [{mark}] {hazard['what']}")
-        lines.append(f"         safeloader will: {hazard['safeloader_will']}")
+    hazards = report["live_at_fork"]
+    sections = (
+        ("handled", "Handled at fork (the hook that handles each):", "ok  ", "handled by"),
+        ("harmless", "Live, but safe at fork by itself:", "ok  ", "why"),
+        ("breaks", "Will break in forked workers:", "WARN", "remedy"),
+        ("unknown", "Not known to safeloader (may or may not break):", "??  ", "if it does"),
+    )
+    if not hazards:
+        lines += ["", "Live at fork: nothing (no native threads, pools, open HDF5/npz files, CUDA or other threads)."]
+    for status, heading, mark, label in sections:
+        items = [h for h in hazards if h["status"] == status]
+        if items:
+            lines += ["", heading]
+        for hazard in items:
+            lines.append(f"  [{mark}] {hazard['what']}")
+            lines.append(
+                f"         {label}: {hazard['handled_by'] if status in ('handled', 'harmless') else hazard['remedy']}"
+            )
     pools = report["process"]["pools"]
     if pools:
-        lines += ["", "Thread pools configured (threadpoolctl; only live ones above are a fork hazard):"]
+        lines += ["", "Thread pools configured (threadpoolctl; only live ones are listed above):"]
         lines += [f"  {p['library']} ({p['api']}): {p['threads']} thread(s), {p['path']}" for p in pools]
     notes = report["process"]["notes"]
     if notes:
         lines += ["", "Notes:"] + [f"  {note}" for note in notes]
+    lines += ["", report["summary"]]
     return "\n".join(lines)
 
 
