@@ -1,15 +1,21 @@
 # Commands that do everything on a fresh Linux machine with python3 and a C compiler:
 #   make demo          set up .venv and run the demo
-#   make test          set up .venv (pinned stack: constraints.txt) and run the test suite
+#   make test          set up .venv (pinned stack: constraints.txt), then ruff, mypy, the docs
+#                      site (warnings are errors) and the test suite
 #   make test-latest   set up .venv-latest on Python 3.13 with the newest releases of every
 #                      dependency from the registry (torch, zarr, zarrs, numpy, h5py, lightning...)
 #                      and run the same suite
+# Set-up needs only the public package index (no pip configuration of ours).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export SAFELOADER_REQUIRE_NATIVE ?= 1
+# The tests mostly wait on child processes (workers, a hang being confirmed): run 4 at a time
+# even on 2 cores. TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: demo test test-latest check-packaging bench setup setup-latest clean
+.PHONY: demo test test-latest check-pins check-packaging bench docs setup setup-latest clean
 
 # The newest stack: Python 3.13 (pyenv's, or PYTHON_LATEST=/path/to/python3.13), nothing pinned.
 # PIP_CONSTRAINT=/dev/null overrides a machine-wide pip constraint file (these machines cap torch).
@@ -20,7 +26,7 @@ PY_LATEST := $(VENV_LATEST)/bin/python
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -30,7 +36,7 @@ $(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
 	rm -rf $(VENV_LATEST)
 	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
 	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench]'
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench,docs]'
 	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
 	touch $@
 
@@ -42,20 +48,32 @@ demo: setup
 test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest
+	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The newest stack checks safeloader itself; the torch_baseline tests (torch's own loader
 # failing on the same code, mostly waiting out a hang's deadline) run in `make test`.
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
-	$(PY_LATEST) -m pytest -m "not torch_baseline"
+	$(PY_LATEST) -m mkdocs build --strict --quiet --site-dir build/site-latest
+	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline"
+
+# The pins resolve on the public package index alone (metadata only, nothing installed):
+# catches a pin that only a local wheel folder or pip configuration could satisfy.
+check-pins:
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= $(PYTHON) -m pip install --quiet --dry-run \
+	    --ignore-installed --report /dev/null -c constraints.txt '.[test,bench,docs]'
 
 # sdist + wheel installed in a fresh venv with and without a C compiler, then a smoke test.
 check-packaging: setup
 	PY=$(PY) scripts/check-packaging
 
+docs: setup
+	$(PY) -m mkdocs build --strict --site-dir build/site
+	@echo "docs site: build/site/index.html"
+
 bench: setup
 	$(PY) -m benchmarks --quick
 
 clean:
-	rm -rf $(VENV) $(VENV_LATEST) build *.egg-info safeloader/_native*.so
+	rm -rf $(VENV) $(VENV_LATEST) build site *.egg-info safeloader/_native*.so

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--tiny", action="store_true", help="toy data, to check the harness itself")
     parser.add_argument("--repeats", type=int, help="rounds per contender (default 3 quick, 7 full)")
     parser.add_argument("--only", nargs="*", help="run only scenarios whose name contains one of these")
+    parser.add_argument("--skip", nargs="*", help="leave out contenders whose name contains one of these")
     parser.add_argument("--output", default=str(RESULTS / "suite.json"), help="where to write the JSON")
     parser.add_argument("--table", action="store_true", help="print the Markdown table of --output and exit")
     args = parser.parse_args(argv)
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     scale = "tiny" if args.tiny else "quick" if args.quick else "full"
     repeats = args.repeats or (7 if scale == "full" else 3)
-    result = run_suite(scale, repeats, args.only)
+    result = run_suite(scale, repeats, args.only, args.skip)
     write_json(Path(args.output), result)
     png = report.chart(result, Path(args.output).with_suffix(".png"))
     print(report.markdown(result))

@@ -161,11 +161,17 @@ def run_scenario(name: str, contenders: list[str], params_path: str, repeats: in
     return results
 
 
-def run_suite(scale: str, repeats: int, only: list[str] | None = None) -> dict:
+def run_suite(scale: str, repeats: int, only: list[str] | None = None, skip: list[str] | None = None) -> dict:
     from . import common, scenarios
 
     table = scenarios.scenarios()
     names = [n for n in table if not only or any(o.lower() in n.lower() for o in only)]
+    for name in names:  # "safeloader" is every scenario's ratio base: never skipped
+        table[name] = {
+            contender: setup
+            for contender, setup in table[name].items()
+            if contender == "safeloader" or not any(s.lower() in contender.lower() for s in skip or ())
+        }
     started = time.monotonic()
 
     def progress(scenario: str, round_: int, total: int, contender: str) -> None:
