@@ -9,6 +9,10 @@ the dispatch cost: first with none of the backends' libraries imported (a plain
 program), then with every one imported and a Dataset holding an LMDB
 environment, an HTTP session and an fsspec filesystem, so that every backend
 has work to do at each fork (``bench_hook_cost`` splits that cost per hook).
+
+These are warm starts, in a process that started loaders before. The first
+starts of fresh processes, with three import sets, follow
+(``bench_first_start``; ``--fresh-pairs 0`` leaves them out).
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--spawn-repeats", type=int, default=3)
+    parser.add_argument("--fresh-pairs", type=int, default=11,
+                        help="fresh-process pairs per import set for the first starts (0: skip)")
     args = parser.parse_args(argv)
 
     counter = [0]
@@ -172,6 +178,12 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_overhead_per_fork_s": cpu_per_fork,
         "libraries_cpu_overhead_per_fork_s": loaded_cpu_per_fork,
     }
+    if args.fresh_pairs:
+        from . import bench_first_start
+
+        fresh = bench_first_start.run(args.fresh_pairs, n)
+        bench_first_start.print_results(fresh, args.fresh_pairs, n)
+        payload["fresh_process_first_starts"] = fresh
     path = write_json("startup", payload)
     print(f"wrote {path}")
     return payload

@@ -13,9 +13,11 @@ Checked in the parent when a loader is about to fork its workers:
 the workers with forkserver instead, preloaded with torch, torch.utils.data
 and the Dataset's module; "ignore" forks silently.
 
-``sys.modules`` is passed over again only when modules were imported since
-the last check; each extension library is scanned once per process
-(``native_pools.runtimes``), and threads are attributed once per thread.
+Only libraries that own a live native thread are looked at: each thread is
+attributed once to the object it waits for (``thread_owners``, read from /proc
+without stopping it), and only an extension module's library that no active
+backend handles is read, once per process (``native_pools.runtimes``). A
+parent with no such thread opens no file here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import warnings
 import weakref
 from typing import Any
 
-from ._imports import modules_state
 from ._options import Options
 
 __all__ = ["UnsafeForkWarning", "apply", "hazards"]
@@ -41,29 +42,8 @@ class UnsafeForkWarning(RuntimeWarning):
 
 
 _lock = threading.Lock()
-_modules_seen: tuple[int, str, object] | None = None
-_risky: tuple[str, ...] = ()  # extension libraries linking a rayon/tokio runtime
-_thread_owner: dict[int, tuple[str, ...]] = {}  # tid -> libraries on its stack (threads keep their owner)
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _owners: list[str] = []  # packages owning the pools last found: preloaded by the forkserver
-
-
-def _risky_libraries() -> tuple[str, ...]:
-    """Extension modules' libraries that link a rayon pool or tokio runtime, found again after imports."""
-    global _modules_seen, _risky
-    state = modules_state()
-    if state == _modules_seen:
-        return _risky
-    from . import native_pools
-
-    paths = set()
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and file.endswith(".so") and os.path.isfile(file):
-            paths.add(os.path.realpath(file))
-    _risky = tuple(sorted(path for path in paths if native_pools.runtimes(path)))
-    _modules_seen = state
-    return _risky
 
 
 def _backend_active(name: str, options: Options) -> bool:
@@ -72,16 +52,15 @@ def _backend_active(name: str, options: Options) -> bool:
     return _registry.hook_runs(name, options)
 
 
-def _libraries_of_threads() -> dict[int, tuple[str, ...]]:
-    from . import native
-    from .doctor import thread_libraries  # "from . import doctor" gives safeloader.doctor(), the function
+def _live_libraries() -> dict[str, int]:
+    """Object each live native thread waits for -> how many threads."""
+    from . import native, thread_owners
 
-    tids = [tid for tid, _ in native.thread_census().foreign]
-    new = [tid for tid in tids if tid not in _thread_owner]
-    if new:
-        for tid, libraries in thread_libraries(new).items():
-            _thread_owner[tid] = tuple(os.path.realpath(lib) for lib in libraries)
-    return {tid: _thread_owner.get(tid, ()) for tid in tids}
+    counts: dict[str, int] = {}
+    for library in thread_owners.owners(native.thread_census().foreign).values():
+        if library is not None:
+            counts[library] = counts.get(library, 0) + 1
+    return counts
 
 
 def hazards(options: Options) -> list[str]:
@@ -90,16 +69,17 @@ def hazards(options: Options) -> list[str]:
 
     found = []
     with _lock:
-        risky = [lib for lib in _risky_libraries() if not _backend_active(native_pools.owner(lib), options)]
         _owners.clear()
-        if risky:
-            threads = _libraries_of_threads()
-            for library in risky:
-                live = [tid for tid, libraries in threads.items() if library in libraries]
-                if live:
-                    kinds = native_pools.runtimes(library)
-                    found.append(f"{native_pools.describe(library, kinds)} ({len(live)} live thread(s))")
-                    _owners.append(native_pools.owner(library))
+        for library, count in sorted(_live_libraries().items()):
+            if not native_pools.extension_modules(library):
+                continue  # not a Python extension's own object: BLAS, OpenMP, torch's pools (backends, below)
+            package = native_pools.owner(library)
+            if _backend_active(package, options):
+                continue
+            kinds = native_pools.runtimes(library)
+            if kinds:
+                found.append(f"{native_pools.describe(library, kinds)} ({count} live thread(s))")
+                _owners.append(package)
     if not _backend_active("threadpools", options):
         from . import forkstate
 

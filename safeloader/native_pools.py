@@ -20,7 +20,7 @@ import sys
 
 from ._imports import modules_state
 
-__all__ = ["RUNTIME_MARKERS", "describe", "owner", "runtimes"]
+__all__ = ["RUNTIME_MARKERS", "describe", "extension_modules", "owner", "runtimes"]
 
 # Crate names as they appear in a Rust binary's panic locations and type names.
 RUNTIME_MARKERS: dict[str, tuple[bytes, ...]] = {
@@ -34,15 +34,23 @@ RUNTIME_SYMBOLS: dict[str, tuple[str, ...]] = {
 }
 
 _runtimes: dict[str, tuple[str, ...]] = {}
-# Real path of each extension module's shared object -> the modules loaded from it, for
-# the sys.modules it was built from: rebuilt only after an import (a loader start asks
-# for owners each time; realpath is an lstat per path component).
-_extension_modules: tuple[tuple[int, str, object], dict[str, list[str]]] | None = None
+# File name of each extension module's shared object -> (its path as imported, module name),
+# for the sys.modules it was built from: rebuilt only after an import, with no file system
+# access; only the few paths sharing a library's file name are resolved (``realpath``).
+_extension_modules: tuple[tuple[int, str, object], dict[str, list[tuple[str, str]]]] | None = None
+_realpaths: dict[str, str] = {}
+
+
+def _realpath(path: str) -> str:
+    real = _realpaths.get(path)
+    if real is None:
+        real = _realpaths[path] = os.path.realpath(path)
+    return real
 
 
 def runtimes(path: str) -> tuple[str, ...]:
     """The runtimes with their own thread pools linked into the shared object ``path`` ("rayon pool", ...)."""
-    real = os.path.realpath(path)
+    real = _realpath(path)
     found = _runtimes.get(real)
     if found is None:
         kinds = []
@@ -61,31 +69,35 @@ def runtimes_in_symbols(symbols: list[str]) -> tuple[str, ...]:
     return tuple(kind for kind, parts in RUNTIME_SYMBOLS.items() if any(p in s for s in symbols for p in parts))
 
 
-def _modules_by_extension() -> dict[str, list[str]]:
+def _modules_by_file_name() -> dict[str, list[tuple[str, str]]]:
     global _extension_modules
     state = modules_state()
     if _extension_modules is None or _extension_modules[0] != state:
-        by_path: dict[str, list[str]] = {}
+        by_name: dict[str, list[tuple[str, str]]] = {}
         for name, module in list(sys.modules.items()):
             file = getattr(module, "__file__", None)
             if isinstance(file, str) and file.endswith(".so"):
-                by_path.setdefault(os.path.realpath(file), []).append(name)
-        _extension_modules = (state, by_path)
+                by_name.setdefault(os.path.basename(file), []).append((file, name))
+        _extension_modules = (state, by_name)
     return _extension_modules[1]
+
+
+def extension_modules(path: str) -> list[str]:
+    """Names of the imported extension modules loaded from the shared object ``path``."""
+    candidates = _modules_by_file_name().get(os.path.basename(path), [])
+    if not candidates:
+        return []
+    real = _realpath(path)
+    return [name for file, name in candidates if file == path or _realpath(file) == real]
 
 
 def owner(path: str) -> str:
     """The name of the Python package that loaded ``path`` ("polars"), or the library's file name."""
-    by_extension = _modules_by_extension()
-    names = by_extension.get(path)  # keyed by real paths: most callers pass one
-    real = path
-    if names is None:
-        real = os.path.realpath(path)
-        names = by_extension.get(real, [])
+    names = extension_modules(path)
     public = [name for name in names if not name.split(".")[0].startswith("_")]
     if public or names:
         return (public or names)[0].split(".")[0]
-    return os.path.basename(real)
+    return os.path.basename(_realpath(path))
 
 
 def describe(path: str, kinds: tuple[str, ...]) -> str:

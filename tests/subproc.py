@@ -87,7 +87,9 @@ def _tree_state(root: int) -> tuple[dict[int, tuple[str, str]], int] | None:
 
 
 def _describe(mains: dict[int, tuple[str, str]]) -> str:
-    return "\n".join(f"  pid {pid}: main thread {state} in {wchan or '?'}" for pid, (state, wchan) in mains.items())
+    return "\n".join(
+        f"  pid {pid}: main thread {state} in {wchan or '?'}" for pid, (state, wchan) in mains.items()
+    )
 
 
 def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err) -> tuple[int | None, str]:

@@ -1,0 +1,139 @@
+"""The first loader starts of a fresh process: safeloader vs torch's fork loader, as ratios.
+
+    python -m benchmarks.bench_first_start [--pairs 11] [--workers 4]
+
+Each sample is a fresh interpreter that imports a set of libraries (as a
+training script does), then starts a loader over a trivial Dataset three times,
+timing each start to its first batch; torch's loader and safeloader alternate,
+one process each per pair, and each ratio is the median over pairs of
+safeloader's time divided by torch's in the same pair. Three import sets:
+torch only, a realistic training script's imports, and that plus more of the
+common native packages (the set reaches however many are installed; the number
+of extension modules loaded is reported beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from .common import print_table, write_json
+
+IMPORT_SETS: dict[str, tuple[str, ...]] = {
+    "torch only": (),
+    "training script": ("numpy", "pandas", "pyarrow.parquet", "polars", "zarr", "zarrs", "h5py", "lightning",
+                        "accelerate"),
+    "more native packages": ("numpy", "pandas", "pyarrow.parquet", "polars", "zarr", "zarrs", "h5py", "lightning",
+                             "accelerate", "scipy.signal", "scipy.optimize", "scipy.sparse.linalg", "scipy.stats",
+                             "sklearn.ensemble", "sklearn.linear_model", "cv2", "tokenizers", "PIL.Image", "lmdb",
+                             "requests", "fsspec", "ray"),
+}
+STARTS = 3
+
+
+def _child(loader: str, import_set: str, workers: int) -> None:
+    imported = []
+    for name in IMPORT_SETS[import_set]:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except ImportError:
+            pass
+    import torch
+
+    if loader == "safeloader":
+        from safeloader import DataLoader
+    else:
+        from torch.utils.data import DataLoader
+
+    class Trivial(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, index: int) -> int:
+            return index
+
+    times = []
+    for _ in range(STARTS):
+        start = time.perf_counter()
+        iterator = iter(DataLoader(Trivial(), batch_size=8, num_workers=workers))
+        next(iterator)
+        times.append(time.perf_counter() - start)
+        del iterator
+    extensions = sum(1 for m in list(sys.modules.values()) if str(getattr(m, "__file__", "")).endswith(".so"))
+    print(json.dumps({"times": times, "extensions": extensions, "imported": imported}))
+
+
+def _sample(loader: str, import_set: str, workers: int) -> dict:
+    command = [sys.executable, "-W", "ignore", "-m", "benchmarks.bench_first_start", "--child", loader, import_set,
+               "--workers", str(workers)]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def run(pairs: int, workers: int, import_sets: list[str] | None = None) -> dict:
+    """{import set: {"extensions", "torch ms", "safeloader ms", "ratios": [first, second, third start]}}."""
+    results = {}
+    for import_set in import_sets or list(IMPORT_SETS):
+        samples: dict[str, list[dict]] = {"torch fork": [], "safeloader": []}
+        for i in range(pairs):
+            print(f"\r{import_set}: pair {i + 1}/{pairs}", end="", file=sys.stderr, flush=True)
+            order = ("torch fork", "safeloader") if i % 2 == 0 else ("safeloader", "torch fork")
+            for loader in order:
+                samples[loader].append(_sample("torch" if loader == "torch fork" else loader, import_set, workers))
+        print(file=sys.stderr)
+        ratios = [
+            statistics.median(
+                s["times"][k] / t["times"][k] for s, t in zip(samples["safeloader"], samples["torch fork"])
+            )
+            for k in range(STARTS)
+        ]
+        results[import_set] = {
+            "extensions": samples["safeloader"][0]["extensions"],
+            "imported": samples["safeloader"][0]["imported"],
+            "torch ms": [statistics.median(t["times"][k] for t in samples["torch fork"]) * 1e3 for k in range(STARTS)],
+            "safeloader ms": [statistics.median(s["times"][k] for s in samples["safeloader"]) * 1e3
+                              for k in range(STARTS)],
+            "ratios": ratios,
+        }
+    return results
+
+
+def print_results(results: dict, pairs: int, workers: int) -> None:
+    rows = []
+    for import_set, r in results.items():
+        rows.append([import_set, str(r["extensions"]),
+                     " / ".join(f"{ms:.0f}" for ms in r["torch ms"]),
+                     " / ".join(f"{ms:.0f}" for ms in r["safeloader ms"]),
+                     " / ".join(f"{x:.2f}x" for x in r["ratios"])])
+    print(f"\nFresh process, {workers} workers, starts 1 / 2 / 3 to the first batch, "
+          f"median of {pairs} alternating pairs:")
+    print_table(rows, ["imports", "extension modules", "torch fork ms", "safeloader ms", "safeloader / torch"])
+    print("targets: first start <= 1.10x, later starts <= 1.05x")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=11)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--only", nargs="*", help="import sets to run (default: all)")
+    parser.add_argument("--child", nargs=2, metavar=("LOADER", "IMPORTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child[0], args.child[1], args.workers)
+        return {}
+    results = run(args.pairs, args.workers, args.only)
+    print_results(results, args.pairs, args.workers)
+    path = write_json("first_start", {"benchmark": "first_start", "workers": args.workers, "pairs": args.pairs,
+                                      "results": results})
+    print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

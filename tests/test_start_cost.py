@@ -1,0 +1,26 @@
+"""What a loader start costs is counted, not timed (timings live in benchmarks/bench_startup.py)."""
+
+from __future__ import annotations
+
+import json
+
+from .subproc import check_script
+
+
+def _start(mode: str) -> dict:
+    return json.loads(check_script("start_opens.py", mode, timeout=90).stdout.splitlines()[-1])
+
+
+def test_a_start_whose_native_threads_are_all_attributed_opens_no_library_file():
+    # torch's OpenMP and numpy's OpenBLAS threads are live: each waits in a library safeloader
+    # knows (a backend handles it), so the on_unsafe_fork check reads nothing from disk.
+    found = _start("attributed")
+    assert found["foreign"] >= 2, found  # the pools really are live
+    assert found["opened"] == [] and not found["warned"], found
+
+
+def test_a_live_pool_no_backend_handles_is_read_and_named():
+    # The same check still reads the one library whose live threads no active backend handles.
+    found = _start("unhandled")
+    assert [path.rsplit("/", 1)[-1] for path in found["opened"]] == ["_polars_runtime.abi3.so"], found
+    assert found["warned"], found
