@@ -94,9 +94,9 @@ def _describe(mains: dict[int, tuple[str, str]]) -> str:
 
 def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err) -> tuple[int | None, str]:
     """Wait for ``process`` until ``timeout``; with ``expect_hang``, return early once its hang is
-    certain: every process's main thread asleep in the same wait, the whole tree near idle
-    (a main thread that sleeps in a polling loop wakes, but stays in that wait) and printing nothing, for ``HANG_QUIET`` seconds. Returns (exit code or None, the
-    hang's evidence or "")."""
+    certain: for ``HANG_QUIET`` seconds every process's main thread asleep in the same wait
+    (not ``time.sleep``), the whole tree near idle and printing nothing. Returns (exit code or
+    None, the hang's evidence or "")."""
     if not expect_hang:
         try:
             return process.wait(timeout=timeout), ""
