@@ -7,12 +7,16 @@
  * - thread_ids(): the kernel thread ids of every OS thread of this process,
  *   read from /proc/self/task, including threads Python did not start
  *   (Rust/rayon, OpenMP, OpenBLAS, gloo...).
- * - install_continue_handler() / last_continued(): when the process was last
- *   continued after a stop (SIGCONT), so the stall watchdog does not count
- *   time spent stopped.
- * - install_backtrace_handler() / warm_backtrace() / signal_thread(): signal-safe native
- *   backtraces of a stuck worker's threads, for the stall watchdog
- *   (backtrace.c).
+ * - install_backtrace_handler() / release_backtrace_handler() / warm_backtrace() /
+ *   signal_thread(): signal-safe native backtraces of a stuck worker's threads,
+ *   for the stall watchdog (backtrace.c), on a signal nobody else holds:
+ *   signal_handler_address() tells whether one is free (a handler installed
+ *   in C, e.g. by faulthandler, is invisible to signal.getsignal).
+ * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
+ *   (no Python callback while the loader's lock is held), with the GIL released
+ *   or held as safeloader/_loader_lock.py decides.
+ * - Nothing here takes SIGCONT or any other signal for the process's life: the
+ *   stall watchdog detects a stop by other means (waitid WCONTINUED).
  *
  * Initialisation is multi-phase (PEP 489): PyInit__native returns the module
  * definition and native_exec (the Py_mod_exec slot) does the per-process
@@ -31,15 +35,11 @@
  *   picks, whoever holds the GIL. Every variable a signal handler or another
  *   thread can touch concurrently is a lock-free C11 atomic (the only shared
  *   objects a signal handler may access, C11 7.14.1.1), asserted below:
- *   fork_generation_value, last_continued_bits, and backtrace.c's output_fd.
- * - The one check-then-act sequence, installing the SIGCONT handler once, is
- *   serialised by install_lock, not by the GIL (without it two concurrent first
- *   calls would both install, and the second would record our own handler as
- *   the one to chain to: endless recursion on SIGCONT). install_lock is also
- *   taken by pthread_atfork's prepare handler and released on both sides of
- *   fork(), so a child never inherits it locked by a thread that does not
- *   exist there; this costs each fork one uncontended lock and unlock.
- * - The pthread_atfork handlers are registered once per process (pthread_once),
+ *   fork_generation_value and backtrace.c's output_fd.
+ * - No lock is taken around fork(): only a pthread_atfork child handler is
+ *   registered, so a fork never waits for this module, nor this module for a
+ *   fork of another thread.
+ * - The pthread_atfork handler is registered once per process (pthread_once),
  *   so re-executing the module (a re-import, another interpreter) does not
  *   count each fork twice.
  * - fork_generation_value is written only in a fork child, by its only thread,
@@ -48,10 +48,13 @@
  *   fd atomically and installs the same handler, so one of the two fds wins,
  *   as it would with the calls in either order under the GIL.
  */
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <dirent.h>
+#include <link.h>
+#include <stddef.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -60,31 +63,14 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backtrace.h"
 
 /* Lock-free atomics are the only shared objects a signal handler may use
  * (C11 7.14.1.1); a lock-based fallback could deadlock inside the handler. */
 _Static_assert(ATOMIC_LONG_LOCK_FREE == 2, "fork_generation_value must be a lock-free atomic");
-_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "last_continued_bits must be a lock-free atomic");
-_Static_assert(sizeof(unsigned long long) == sizeof(double), "last_continued_bits holds a double's bits");
-
-/* Nanoseconds per second: struct timespec's tv_nsec to seconds. */
-#define NANOSECONDS_PER_SECOND 1e9
 /* Thread ids in /proc/self/task are decimal numbers. */
 #define TID_BASE 10
-
-/* ---- install_lock: serialises installing process-wide handlers. ---- */
-
-static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* pthread_atfork prepare / parent / child: fork() happens with install_lock
- * held by the forking thread, so the child gets it unlocked, not stuck in the
- * state of a thread that was mid-install in the parent. */
-static void lock_before_fork(void) { pthread_mutex_lock(&install_lock); }
-
-static void unlock_in_parent(void) { pthread_mutex_unlock(&install_lock); }
 
 /* ---- fork_generation ---- */
 
@@ -92,7 +78,6 @@ static atomic_ulong fork_generation_value = 0;
 
 static void on_fork_child(void) {
     atomic_fetch_add_explicit(&fork_generation_value, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&install_lock);
 }
 
 static PyObject *fork_generation(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
@@ -172,66 +157,91 @@ static PyObject *list_descriptors(int offsets) {
     return table;
 }
 
-/* ---- SIGCONT ----
- * When the process was last continued after a stop (Ctrl-Z, SIGSTOP), on
- * CLOCK_MONOTONIC (Python's time.monotonic). The stall watchdog does not count
- * time spent stopped. Written by a signal handler on any thread: the double's
- * bits in a lock-free atomic (all-zero bits are 0.0, "never continued"). */
-static _Atomic unsigned long long last_continued_bits = 0;
-/* Written once, under install_lock, before our handler is installed; only read after. */
-static struct sigaction previous_cont_action;
-static int cont_handler_installed = 0;  /* read and written under install_lock */
+/* ---- signal dispositions ---- */
 
-static void on_continue(int signum, siginfo_t *info, void *context) {
-    struct timespec now;
-    if (clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
-        double seconds = (double)now.tv_sec + (double)now.tv_nsec / NANOSECONDS_PER_SECOND;
-        unsigned long long bits;
-        memcpy(&bits, &seconds, sizeof(bits));
-        atomic_store_explicit(&last_continued_bits, bits, memory_order_relaxed);
-    }
-    /* Chain to a handler that was there before ours. */
-    if (previous_cont_action.sa_flags & SA_SIGINFO) {
-        if (previous_cont_action.sa_sigaction != NULL) previous_cont_action.sa_sigaction(signum, info, context);
-    } else if (previous_cont_action.sa_handler != SIG_DFL && previous_cont_action.sa_handler != SIG_IGN &&
-               previous_cont_action.sa_handler != NULL) {
-        previous_cont_action.sa_handler(signum);
-    }
+/* The current handler of `signum` as an address: 0 for SIG_DFL, 1 for SIG_IGN.
+ * sigaction sees what signal.getsignal cannot: a handler installed in C
+ * (faulthandler.register, a native library, a profiler). */
+static PyObject *signal_handler_address(PyObject *Py_UNUSED(self), PyObject *args) {
+    int signum;
+    if (!PyArg_ParseTuple(args, "i:signal_handler_address", &signum)) return NULL;
+    struct sigaction current;
+    if (sigaction(signum, NULL, &current) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (current.sa_flags & SA_SIGINFO) return PyLong_FromVoidPtr((void *)current.sa_sigaction);
+    if (current.sa_handler == SIG_DFL) return PyLong_FromLong(0);
+    if (current.sa_handler == SIG_IGN) return PyLong_FromLong(1);
+    return PyLong_FromVoidPtr((void *)current.sa_handler);
 }
 
-static PyObject *install_continue_handler(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    int error = 0;
-    /* Detached from the interpreter while waiting for the lock and holding it:
-     * a blocked thread must not hold up the GIL or a free-threaded stop-the-world. */
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&install_lock);
-    if (!cont_handler_installed) {
-        /* Record the handler to chain to before ours can run, so the handler
-         * never reads previous_cont_action while sigaction() is filling it. */
-        struct sigaction action;
-        memset(&action, 0, sizeof(action));
-        action.sa_sigaction = on_continue;
-        action.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigemptyset(&action.sa_mask);
-        if (sigaction(SIGCONT, NULL, &previous_cont_action) != 0 || sigaction(SIGCONT, &action, NULL) != 0)
-            error = errno;
-        else
-            cont_handler_installed = 1;
+/* ---- loaded objects ---- */
+
+typedef struct {
+    char **names;
+    size_t count, capacity;
+    unsigned long long adds, subs;
+    int counters, full, failed;
+} objects_t;
+
+static int collect_object(struct dl_phdr_info *info, size_t size, void *data) {
+    objects_t *objects = data;
+    if (objects->count == 0 && !objects->counters) {
+        objects->counters = size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs);
+        if (objects->counters) { objects->adds = info->dlpi_adds; objects->subs = info->dlpi_subs; }
     }
-    pthread_mutex_unlock(&install_lock);
-    Py_END_ALLOW_THREADS
-    if (error != 0) {
-        errno = error;
-        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!objects->full) return 1; /* the counters are all that was asked */
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0') return 0;
+    if (objects->count == objects->capacity) {
+        size_t capacity = objects->capacity ? 2 * objects->capacity : 64;
+        char **names = realloc(objects->names, capacity * sizeof(char *));
+        if (names == NULL) { objects->failed = 1; return 1; }
+        objects->names = names;
+        objects->capacity = capacity;
     }
-    Py_RETURN_TRUE;
+    char *name = strdup(info->dlpi_name);
+    if (name == NULL) { objects->failed = 1; return 1; }
+    objects->names[objects->count++] = name;
+    return 0;
 }
 
-static PyObject *last_continued(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    unsigned long long bits = atomic_load_explicit(&last_continued_bits, memory_order_relaxed);
-    double seconds;
-    memcpy(&seconds, &bits, sizeof(seconds));
-    return PyFloat_FromDouble(seconds);
+/* loaded_objects(full, release_gil) -> ((adds, subs) or None, names or None). The walk
+ * holds the dynamic loader's lock and runs C only; the Python objects are built after it.
+ * With release_gil false the GIL stays held throughout, so no other Python thread can
+ * fork meanwhile (safeloader/_loader_lock.py says when each is used). */
+static PyObject *loaded_objects(PyObject *Py_UNUSED(self), PyObject *args) {
+    int full, release_gil;
+    if (!PyArg_ParseTuple(args, "pp:loaded_objects", &full, &release_gil)) return NULL;
+    objects_t objects = {.names = NULL, .count = 0, .capacity = 0, .counters = 0, .full = full, .failed = 0};
+    if (release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        dl_iterate_phdr(collect_object, &objects);
+        Py_END_ALLOW_THREADS
+    } else {
+        dl_iterate_phdr(collect_object, &objects);
+    }
+    PyObject *result = NULL, *names = NULL, *counters = NULL;
+    if (objects.failed) { PyErr_NoMemory(); goto done; }
+    if (objects.counters) counters = Py_BuildValue("(KK)", objects.adds, objects.subs);
+    else { counters = Py_None; Py_INCREF(counters); }
+    if (counters == NULL) goto done;
+    if (full) {
+        names = PyTuple_New((Py_ssize_t)objects.count);
+        if (names == NULL) goto done;
+        for (size_t i = 0; i < objects.count; i++) {
+            PyObject *name = PyUnicode_DecodeFSDefault(objects.names[i]);
+            if (name == NULL) goto done;
+            PyTuple_SET_ITEM(names, (Py_ssize_t)i, name);
+        }
+    } else {
+        names = Py_None;
+        Py_INCREF(names);
+    }
+    result = PyTuple_Pack(2, counters, names);
+done:
+    Py_XDECREF(counters);
+    Py_XDECREF(names);
+    for (size_t i = 0; i < objects.count; i++) free(objects.names[i]);
+    free(objects.names);
+    return result;
 }
 
 /* ---- native backtraces (backtrace.c) ---- */
@@ -243,8 +253,24 @@ static PyObject *install_backtrace_handler(PyObject *Py_UNUSED(self), PyObject *
     Py_RETURN_TRUE;
 }
 
-static PyObject *warm_backtrace(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    sl_warm_backtrace();
+static PyObject *release_backtrace_handler(PyObject *Py_UNUSED(self), PyObject *args) {
+    int signum;
+    if (!PyArg_ParseTuple(args, "i:release_backtrace_handler", &signum)) return NULL;
+    int released = sl_release_backtrace_handler(signum);
+    if (released < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(released);
+}
+
+static PyObject *warm_backtrace(PyObject *Py_UNUSED(self), PyObject *args) {
+    int release_gil;
+    if (!PyArg_ParseTuple(args, "p:warm_backtrace", &release_gil)) return NULL;
+    if (release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        sl_warm_backtrace();
+        Py_END_ALLOW_THREADS
+    } else {
+        sl_warm_backtrace();
+    }
     Py_RETURN_NONE;
 }
 
@@ -274,34 +300,42 @@ static PyMethodDef methods[] = {
     {"regular_file_offsets", regular_file_offsets, METH_NOARGS,
      "regular_file_offsets($module, /)\n--\n\n"
      "(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file, in listing order."},
-    {"install_continue_handler", install_continue_handler, METH_NOARGS,
-     "install_continue_handler($module, /)\n--\n\n"
-     "install_continue_handler() -> True: record the time of each SIGCONT (chaining a previous handler)."},
-    {"last_continued", last_continued, METH_NOARGS,
-     "last_continued($module, /)\n--\n\n"
-     "time.monotonic() of the last SIGCONT since install_continue_handler(), 0.0 if none."},
+    {"signal_handler_address", signal_handler_address, METH_VARARGS,
+     "signal_handler_address($module, signum, /)\n--\n\n"
+     "The address of the current handler of `signum` as sigaction() gives it (also one installed "
+     "in C, which signal.getsignal does not see): 0 for SIG_DFL, 1 for SIG_IGN."},
+    {"loaded_objects", loaded_objects, METH_VARARGS,
+     "loaded_objects($module, full, release_gil, /)\n--\n\n"
+     "((adds, subs) or None, names or None): the dynamic loader's load and unload counters and, "
+     "with `full`, the names of the loaded objects in load order; the GIL is released during "
+     "the walk only with `release_gil`."},
     {"install_backtrace_handler", install_backtrace_handler, METH_VARARGS,
      "install_backtrace_handler($module, signum, fd, /)\n--\n\n"
      "install_backtrace_handler(signum, fd) -> True: on `signum`, the receiving thread "
      "writes its native backtrace (library and symbol of each frame) to `fd`, "
      "from a signal-safe handler."},
-    {"warm_backtrace", warm_backtrace, METH_NOARGS,
-     "warm_backtrace($module, /)\n--\n\n"
+    {"release_backtrace_handler", release_backtrace_handler, METH_VARARGS,
+     "release_backtrace_handler($module, signum, /)\n--\n\n"
+     "release_backtrace_handler(signum) -> bool: put SIG_DFL back on `signum` if the backtrace "
+     "handler is still the one there (a handler installed since is left alone)."},
+    {"warm_backtrace", warm_backtrace, METH_VARARGS,
+     "warm_backtrace($module, release_gil, /)\n--\n\n"
      "Load glibc's unwinder now (backtrace() allocates on its first call), once per process; "
-     "forked children inherit it loaded."},
+     "forked children inherit it loaded. It dlopens: the GIL is released meanwhile only with "
+     "`release_gil` (safeloader/_loader_lock.py)."},
     {"signal_thread", signal_thread, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
     {NULL, NULL, 0, NULL},
 };
 
-/* The fork handlers are process-wide: registered once, not once per module
+/* The fork handler is process-wide: registered once, not once per module
  * execution (a re-import or another interpreter would count each fork twice). */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static int atfork_error = 0;  /* pthread_atfork's result, written once inside pthread_once */
 
 static void register_fork_handlers(void) {
-    atfork_error = pthread_atfork(lock_before_fork, unlock_in_parent, on_fork_child);
+    atfork_error = pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 static int native_exec(PyObject *Py_UNUSED(module)) {
@@ -328,8 +362,8 @@ static struct PyModuleDef module_def = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "safeloader._native",
     .m_doc = "What Python cannot see cheaply about fork and threads: a fork counter that also sees\n"
-             "forks bypassing os.fork, the kernel ids of every OS thread, the time of the last\n"
-             "SIGCONT, and signal-safe native backtraces of a stuck worker's threads.\n"
+             "forks bypassing os.fork, the kernel ids of every OS thread, signal dispositions, the\n"
+             "loaded objects, and signal-safe native backtraces of a stuck worker's threads.\n"
              "safeloader._native_fallback is the pure-Python stand-in; use safeloader.native.",
     .m_size = 0, /* no per-module state: see the comment at the top of _native.c */
     .m_methods = methods,

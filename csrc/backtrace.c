@@ -202,6 +202,19 @@ int sl_install_backtrace_handler(int signum, int fd) {
     return sigaction(signum, &action, NULL);
 }
 
+int sl_release_backtrace_handler(int signum) {
+    struct sigaction current;
+    if (sigaction(signum, NULL, &current) != 0) return -1;
+    if (!(current.sa_flags & SA_SIGINFO) || current.sa_sigaction != on_backtrace_signal) return 0;
+    struct sigaction action;
+    memset(&action, 0, sizeof(action));
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    /* Only ever installed on a signal that was at SIG_DFL (see _stacks.free_signals). */
+    if (sigaction(signum, &action, NULL) != 0) return -1;
+    return 1;
+}
+
 int sl_signal_thread(int pid, int tid, int signum) {
     return (int)syscall(SYS_tgkill, pid, tid, signum);
 }

@@ -6,6 +6,10 @@
  * to `fd`. Returns 0, or -1 with errno set. */
 int sl_install_backtrace_handler(int signum, int fd);
 
+/* Put SIG_DFL back on `signum` if this module's handler is the one installed there.
+ * 1 if it was, 0 if another handler is there (left alone), -1 with errno. */
+int sl_release_backtrace_handler(int signum);
+
 /* Make glibc's backtrace() load its unwinder now (it allocates: never in a
  * signal handler). Once per process, and forked children inherit it done. */
 void sl_warm_backtrace(void);

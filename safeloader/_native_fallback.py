@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 _fork_generation = 0
 
@@ -65,7 +66,7 @@ def install_backtrace_handler(signum: int, fd: int) -> bool:
     return False
 
 
-def warm_backtrace() -> None:
+def warm_backtrace(release_gil: bool) -> None:
     """Nothing to warm without the extension (no backtrace handler is installed)."""
 
 
@@ -85,29 +86,70 @@ def signal_thread(pid: int, tid: int, signum: int) -> None:
         raise OSError(errno, os.strerror(errno))
 
 
-_last_continued = 0.0
+def release_backtrace_handler(signum: int) -> bool:
+    """Nothing was installed without the extension: nothing to release."""
+    return False
 
 
-def _on_continue(signum: int, frame: object) -> None:
-    global _last_continued
-    import time
-
-    _last_continued = time.monotonic()
-
-
-def install_continue_handler() -> bool:
-    """Python's signal handlers can only be set from the main thread, and only
-    where SIGCONT has no handler yet; otherwise stops are not detected."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGCONT) not in (signal.SIG_DFL, None):
-        return signal.getsignal(signal.SIGCONT) is _on_continue
-    signal.signal(signal.SIGCONT, _on_continue)
-    return True
+def signal_handler_address(signum: int) -> int:
+    """0 for ``SIG_DFL``, 1 for ``SIG_IGN``, 2 for any handler (the kernel's caught and
+    ignored masks in /proc/self/status: they see handlers installed in C too)."""
+    caught = ignored = 0
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                caught = int(line.split()[1], 16)
+            elif line.startswith("SigIgn:"):
+                ignored = int(line.split()[1], 16)
+    bit = 1 << (signum - 1)
+    return 2 if caught & bit else 1 if ignored & bit else 0
 
 
-def last_continued() -> float:
-    return _last_continued
+_linker: Any = None
+
+
+def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
+    """((adds, subs) or None, names or None), through ctypes' dl_iterate_phdr.
+
+    Its callback runs Python while the loader's lock is held, where the GIL may
+    pass to another thread even with ``release_gil`` False, which could fork then:
+    the C extension's version has no such window.
+    """
+    import ctypes
+
+    global _linker
+    if _linker is None:
+
+        class PhdrInfo(ctypes.Structure):
+            _fields_ = (  # the fields up to the load counters (glibc >= 2.4), in their C layout
+                ("dlpi_addr", ctypes.c_void_p),
+                ("dlpi_name", ctypes.c_char_p),
+                ("dlpi_phdr", ctypes.c_void_p),
+                ("dlpi_phnum", ctypes.c_uint16),
+                ("dlpi_adds", ctypes.c_ulonglong),
+                ("dlpi_subs", ctypes.c_ulonglong),
+            )
+
+        callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(PhdrInfo), ctypes.c_size_t, ctypes.c_void_p)
+        # (GIL held, GIL released): a PyDLL function keeps the GIL around the call.
+        iterate = (ctypes.PyDLL(None).dl_iterate_phdr, ctypes.CDLL(None).dl_iterate_phdr)
+        for function in iterate:
+            function.argtypes = (callback_type, ctypes.c_void_p)
+            function.restype = ctypes.c_int
+        _linker = (callback_type, iterate, PhdrInfo.dlpi_subs.offset + ctypes.sizeof(ctypes.c_ulonglong))
+    callback_type, iterate, counters_size = _linker
+    counters: list[tuple[int, int] | None] = []
+    names: list[str] = []
+
+    def visit(info: Any, size: int, data: Any) -> int:
+        found = info.contents
+        if not counters:
+            counters.append((found.dlpi_adds, found.dlpi_subs) if size >= counters_size else None)
+        if not full:
+            return 1
+        if found.dlpi_name:
+            names.append(os.fsdecode(found.dlpi_name))
+        return 0
+
+    iterate[bool(release_gil)](callback_type(visit), None)
+    return (counters[0] if counters else None), (tuple(names) if full else None)

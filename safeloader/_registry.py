@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, cast
 
-from . import _torch_internals
+from . import _loader_lock, _torch_internals
 from ._options import Options, get_options
 from .errors import HookError, RegistrationError
 
@@ -120,12 +120,9 @@ _installed = False
 _local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
 _worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
 _child_failures: list[HookError] = []
-# Held from the `before` phase of every os.fork in this process until the fork
-# is over. A hook's work can take a process-wide C-library lock with the GIL
-# released (ctypes calls: dl_iterate_phdr and dladdr hold glibc's dynamic-loader
-# lock); a fork from another thread at that moment would give a child that
-# hangs at its first dlopen. With the guard, forks of other threads wait.
-_fork_guard = threading.RLock()
+# No lock is held around forks: a fork never waits for another thread's fork or its
+# at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
+# dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
 _parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
 
 
@@ -501,7 +498,7 @@ def _wait_for_imports_in_other_threads() -> None:
 
 
 def _on_before() -> None:
-    _fork_guard.acquire()  # released in _on_after_in_parent; renewed in the child
+    _loader_lock.enter_fork()  # left in _on_after_in_parent; reset in the child
     context = _context_for_this_fork()
     _local.pending = context
     if context is not None:
@@ -527,7 +524,7 @@ def _on_after_in_parent() -> None:
     finally:
         _local.pending = _NO_FORK
         _local.parent_failed = False
-        _release_fork_guard()
+        _loader_lock.leave_fork()
     arming = armed()
     if context is not None and context._carrier and arming is not None:
         arming.errors.extend(errors)
@@ -535,22 +532,9 @@ def _on_after_in_parent() -> None:
         _report_unarmed(errors)
 
 
-def fork_guard() -> threading.RLock:
-    """Hold this (``with fork_guard():``) around work that takes a process-wide C-library
-    lock with the GIL released; forks from other threads wait until it is done."""
-    return _fork_guard
-
-
-def _release_fork_guard() -> None:
-    try:
-        _fork_guard.release()
-    except RuntimeError:  # acquired before safeloader was imported: nothing to release
-        pass
-
-
 def _on_after_in_child() -> None:
-    global _worker_context, _parent_failed_fork, _fork_guard
-    _fork_guard = threading.RLock()  # the parent's is held by the forking thread
+    global _worker_context, _parent_failed_fork
+    _loader_lock.reset_in_child()
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
     _local.pending = _NO_FORK

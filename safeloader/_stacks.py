@@ -1,10 +1,14 @@
 """Stacks of another process's (or this process's) threads, for the stall report and ``doctor``.
 
-Python stacks come from faulthandler, registered in the target on
-``PYTHON_STACK_SIGNAL``; native stacks from the C extension's signal-safe
-backtrace, installed on ``NATIVE_STACK_SIGNAL`` and asked of one thread at a
-time. Both write text to a descriptor; this module sends the signals, waits
-for the text and parses it.
+Python stacks come from faulthandler, registered in the target on one
+real-time signal; native stacks from the C extension's signal-safe backtrace,
+installed on another and asked of one thread at a time. Both write text to a
+descriptor; this module sends the signals, waits for the text and parses it.
+
+The signals are chosen by the process that installs the handlers, when it
+installs them (``free_signals``): real-time signals nobody holds there, so a
+handler of the user's, of faulthandler, pytest-timeout or a cluster's tooling
+is never taken. The target tells the sender which ones it chose.
 """
 
 from __future__ import annotations
@@ -18,11 +22,28 @@ from dataclasses import dataclass, field
 
 from . import native
 
-# Real-time signals: no library in a data pipeline uses these, and their
-# default action (terminate) only matters if a handler is missing, which the
-# sender checks first.
-PYTHON_STACK_SIGNAL = signal.SIGRTMIN + 2
-NATIVE_STACK_SIGNAL = signal.SIGRTMIN + 3
+
+def signal_is_free(signum: int) -> bool:
+    """Whether nobody holds ``signum`` in this process: its disposition is ``SIG_DFL`` both
+    for Python's signal module and for the kernel (``sigaction``, which also sees a handler
+    installed in C, such as faulthandler's)."""
+    try:
+        return signal.getsignal(signum) == signal.SIG_DFL and native.signal_handler_address(signum) == 0
+    except (OSError, ValueError):
+        return False
+
+
+def free_signals(count: int) -> list[int]:
+    """Up to ``count`` real-time signals nobody holds in this process now, from ``SIGRTMAX`` down
+    (users and libraries mostly take theirs from ``SIGRTMIN`` up)."""
+    found: list[int] = []
+    for signum in range(signal.SIGRTMAX, signal.SIGRTMIN - 1, -1):
+        if len(found) == count:
+            break
+        if signal_is_free(signum):
+            found.append(signum)
+    return found
+
 
 NATIVE_THREAD_WAIT = 0.5
 """Seconds one thread gets to write its native backtrace."""
@@ -136,8 +157,9 @@ def parse_native(text: str) -> dict[int, NativeFrames]:
     return frames
 
 
-def python_stacks(pid: int, path: str, wait: float) -> tuple[str, int | None]:
-    """(faulthandler's text, the main thread's ident) of ``pid``, whose handler writes to ``path``.
+def python_stacks(pid: int, path: str, wait: float, signum: int) -> tuple[str, int | None]:
+    """(faulthandler's text, the main thread's ident) of ``pid``, whose handler on ``signum``
+    writes to ``path``.
 
     The handler's file starts with a ``main-thread <ident>`` line written when it was installed.
     """
@@ -145,20 +167,20 @@ def python_stacks(pid: int, path: str, wait: float) -> tuple[str, int | None]:
     main_ident = int(header[0].split()[1], 16) if header and header[0].startswith("main-thread ") else None
     offset = size(path)
     try:
-        os.kill(pid, PYTHON_STACK_SIGNAL)
+        os.kill(pid, signum)
     except ProcessLookupError:
         return "", main_ident
     return wait_for_dump(path, offset, time.monotonic() + wait), main_ident
 
 
-def native_stacks(pid: int, tids: Iterable[int], path: str, deadline: float) -> dict[int, NativeFrames]:
-    """Native frames of each thread of ``pid`` whose backtrace handler writes to ``path``."""
+def native_stacks(pid: int, tids: Iterable[int], path: str, deadline: float, signum: int) -> dict[int, NativeFrames]:
+    """Native frames of each thread of ``pid`` whose backtrace handler on ``signum`` writes to ``path``."""
     for tid in tids:
-        if blocks_signal(pid, tid, NATIVE_STACK_SIGNAL):
+        if blocks_signal(pid, tid, signum):
             continue  # e.g. multiprocessing's resource-sharer thread blocks every signal
         offset = size(path)
         try:
-            native.signal_thread(pid, tid, NATIVE_STACK_SIGNAL)
+            native.signal_thread(pid, tid, signum)
         except OSError:
             continue  # the thread exited meanwhile
         wait_for_dump(path, offset, min(deadline, time.monotonic() + NATIVE_THREAD_WAIT), marker=f"end-thread {tid}\n")
@@ -180,22 +202,25 @@ def native_threads(pid: int, tids: Iterable[int], frames: dict[int, NativeFrames
 def own_thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
     """Non-system libraries on each of this process's native threads' stacks (innermost first).
 
-    Signals this process's own threads; a thread blocking the signal stays
-    unknown. Empty without the extension, or when this process's handler on
-    the signal belongs to someone else (the stall watchdog in a worker):
-    ``signal.getsignal`` cannot see a handler installed in C, so the caller says.
+    Signals this process's own threads, on a real-time signal nobody holds, which is
+    left as it was found (``SIG_DFL``) after; a thread blocking the signal stays
+    unknown. Empty without the extension, or when no real-time signal is free.
     """
     if not native.NATIVE:
         return {}
     import tempfile
 
-    previous = signal.getsignal(NATIVE_STACK_SIGNAL)
+    signals = free_signals(1)
+    if not signals:
+        return {}
+    signum = signals[0]
+    native.warm_backtrace()  # here, not with the GIL held in install_backtrace_handler
     with tempfile.TemporaryFile() as dump:
-        native.install_backtrace_handler(NATIVE_STACK_SIGNAL, dump.fileno())
+        native.install_backtrace_handler(signum, dump.fileno())
         try:
-            frames = native_stacks(os.getpid(), tids, f"/proc/self/fd/{dump.fileno()}", time.monotonic() + 8.0)
+            frames = native_stacks(os.getpid(), tids, f"/proc/self/fd/{dump.fileno()}", time.monotonic() + 8.0, signum)
         finally:
-            signal.signal(NATIVE_STACK_SIGNAL, previous if previous is not None else signal.SIG_DFL)
+            native.release_backtrace_handler(signum)  # a handler installed since stays
     return {
         tid: [lib for lib, _ in stack if not any(s in os.path.basename(lib) for s in SYSTEM_LIBRARIES)]
         for tid, stack in frames.items()

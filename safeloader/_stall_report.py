@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import _registry, _stacks
+from . import _registry, _stacks, native
 from ._stacks import NativeThread, PythonThread
 from ._torch_internals import WORKER_LOOP_NAMES
 from .hook_names import H5PY, THREADPOOLS, ZARRS
@@ -81,18 +81,21 @@ def collect(
     python_path: str | None,
     native_path: str | None,
     watch: WatchedLoader,
+    python_signal: int = 0,
+    native_signal: int = 0,
 ) -> StallReport:
     """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked).
 
-    ``python_path``/``native_path``: where its stack dumpers write, None where it has none.
+    ``python_path``/``native_path``: where its stack dumpers write, None where it has none;
+    ``python_signal``/``native_signal``: the signals the worker chose for them.
     """
     python_text, main_ident = "", None
-    if python_path is not None:
-        python_text, main_ident = _stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT)
+    if python_path is not None and python_signal:
+        python_text, main_ident = _stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT, python_signal)
     tids = _stacks.thread_ids(pid)
     frames = {}
-    if native_path is not None:
-        frames = _stacks.native_stacks(pid, tids, native_path, time.monotonic() + NATIVE_TOTAL_WAIT)
+    if native_path is not None and native_signal:
+        frames = _stacks.native_stacks(pid, tids, native_path, time.monotonic() + NATIVE_TOTAL_WAIT, native_signal)
     report = StallReport(
         worker_id=worker_id,
         pid=pid,
@@ -340,7 +343,10 @@ def describe(report: StallReport, full: bool = True) -> list[str]:
         return lines
     lines.append(f"  Likely cause: {report.cause}")
     if not report.native_available:
-        lines.append("  Native stacks unavailable (safeloader's C extension is not built).")
+        if native.NATIVE:
+            lines.append("  Native stacks unavailable (no real-time signal was free in the worker for them).")
+        else:
+            lines.append("  Native stacks unavailable (safeloader's C extension is not built).")
     main = next((t for t in report.native_threads if t.tid == report.pid), None)
     if main is not None and main.frames:
         wait = main.kernel_wait or "?"

@@ -27,9 +27,8 @@ import platform
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
-from . import native
+from . import _loader_lock, native
 
 __all__ = ["ForkState", "ForeignThread", "Pool", "parent_state", "record", "register", "snapshot"]
 
@@ -133,8 +132,15 @@ class ForkState:
 
 
 class _DynamicLinker:
-    """dladdr and dl_iterate_phdr through ctypes: a few microseconds per question,
-    where reading /proc/self/maps costs about a millisecond in a torch process."""
+    """dladdr and the loader's list of objects: a few microseconds per question,
+    where reading /proc/self/maps costs about a millisecond in a torch process.
+
+    Both hold glibc's dynamic-loader lock, and a fork from another thread at
+    that moment gives a child that hangs at its first dlopen: each call is a
+    ``_loader_lock.section``, run with the GIL released (forks wait for it) or,
+    while another thread is inside a fork, with the GIL held (that fork cannot
+    reach ``fork()`` meanwhile, and this does not wait for its callbacks).
+    """
 
     def __init__(self) -> None:
         import ctypes
@@ -147,32 +153,16 @@ class _DynamicLinker:
                 ("dli_saddr", ctypes.c_void_p),
             )
 
-        class PhdrInfo(ctypes.Structure):
-            _fields_ = (  # the fields up to the load counters (glibc >= 2.4), in their C layout
-                ("dlpi_addr", ctypes.c_void_p),
-                ("dlpi_name", ctypes.c_char_p),
-                ("dlpi_phdr", ctypes.c_void_p),
-                ("dlpi_phnum", ctypes.c_uint16),
-                ("dlpi_adds", ctypes.c_ulonglong),
-                ("dlpi_subs", ctypes.c_ulonglong),
-            )
-
-        libc = ctypes.CDLL(None)
         self._ctypes = ctypes
         self._info_type = DlInfo
-        self._counters_size = PhdrInfo.dlpi_subs.offset + ctypes.sizeof(ctypes.c_ulonglong)
-        self._dladdr = libc.dladdr
-        self._dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(DlInfo))
-        self._dladdr.restype = ctypes.c_int
-        self._callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(PhdrInfo), ctypes.c_size_t, ctypes.c_void_p)
-        self._iterate = libc.dl_iterate_phdr
-        self._iterate.argtypes = (self._callback_type, ctypes.c_void_p)
-        self._iterate.restype = ctypes.c_int
+        # (GIL held, GIL released): a PyDLL function keeps the GIL around the call.
+        self._dladdr = (ctypes.PyDLL(None).dladdr, ctypes.CDLL(None).dladdr)
+        for dladdr in self._dladdr:
+            dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(DlInfo))
+            dladdr.restype = ctypes.c_int
         self._realpaths: dict[bytes, str] = {}
         # The last full list, with the loader's (loads, unloads) counters when it was taken.
         self._loaded: tuple[tuple[int, int] | None, tuple[str, ...]] = (None, ())
-        self._first: Any = None  # the ctypes callback of _counters, made once
-        self._found: tuple[int, int] | None = None
 
     def _realpath(self, name: bytes) -> str:
         # Per fork, dladdr answers the same few libraries: resolve each path once
@@ -184,42 +174,23 @@ class _DynamicLinker:
 
     def library_at(self, address: int) -> str | None:
         info = self._info_type()
-        if not self._dladdr(address, self._ctypes.byref(info)) or not info.dli_fname:
+        with _loader_lock.section() as release:
+            found = self._dladdr[release](address, self._ctypes.byref(info))
+        if not found or not info.dli_fname:
             return None
         return self._realpath(info.dli_fname)
 
-    def _counters(self) -> tuple[int, int] | None:
-        """glibc's counts of objects loaded and unloaded so far, read from the first
-        object the iteration visits (which then stops); None where not provided."""
-        if self._first is None:  # one callback for the process: each new one is a libffi closure
-
-            def first(info: Any, size: int, data: Any) -> int:
-                found = info.contents
-                self._found = (found.dlpi_adds, found.dlpi_subs) if size >= self._counters_size else None
-                return 1  # stop: one object tells
-
-            self._first = self._callback_type(first)
-        self._found = None
-        self._iterate(self._first, None)
-        return self._found
-
     def loaded(self) -> tuple[str, ...]:
         """Paths of the loaded objects, in load order. Listed again only when something
-        was loaded or unloaded since the last call: a full walk costs about 1 ms per
-        fork in a torch process (one Python callback per object), the check 20 µs."""
-        counters = self._counters()
+        was loaded or unloaded since the last call: a full walk costs more per fork
+        in a torch process than the check."""
+        with _loader_lock.section() as release:
+            counters, _ = native.loaded_objects(False, release)
         if counters is not None and counters == self._loaded[0]:
             return self._loaded[1]
-        names: list[str] = []
-
-        def visit(info: Any, size: int, data: Any) -> int:
-            name = info.contents.dlpi_name
-            if name:
-                names.append(os.fsdecode(name))
-            return 0
-
-        self._iterate(self._callback_type(visit), None)
-        self._loaded = (counters, tuple(names))
+        with _loader_lock.section() as release:
+            counters, names = native.loaded_objects(True, release)
+        self._loaded = (counters, names or ())
         return self._loaded[1]
 
 
@@ -315,17 +286,13 @@ def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
 def _snapshot(*, pools: bool, count_frozen: bool, known: dict[tuple[int, str], ForeignThread] | None = None
               ) -> ForkState:
     """``snapshot``; ``known`` maps (tid, name) to threads already attributed, and gets the new ones."""
-    from ._registry import fork_guard
-
     census = native.thread_census()
-    # dladdr and dl_iterate_phdr hold glibc's loader lock with the GIL released:
-    # no other thread may fork meanwhile (its child would hang at its first dlopen).
-    with fork_guard():
-        if known is None:
-            threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
-        else:
-            threads = tuple(_known_thread(known, tid, name) for tid, name in census.foreign)
-        libraries = _dynamic_linker().loaded()
+    # dladdr and the loader's list hold glibc's loader lock: see _DynamicLinker.
+    if known is None:
+        threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
+    else:
+        threads = tuple(_known_thread(known, tid, name) for tid, name in census.foreign)
+    libraries = _dynamic_linker().loaded()
     gomp_loaded = _gomp_loaded(libraries)
     gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
     notes = []
@@ -393,7 +360,7 @@ def record() -> ForkState:
     ``parent_state()``.
     """
     global _recorded, _recorded_for, _loader_forks
-    from ._registry import armed, fork_context, fork_guard
+    from ._registry import armed, fork_context
 
     context = fork_context()
     if _recorded is not None and context is not None and _recorded_for is not None and _recorded_for() is context:
@@ -406,8 +373,7 @@ def record() -> ForkState:
         if forks is None or forks.arming() is not arming:
             forks = _loader_forks = _LoaderForks(weakref.ref(arming))
         thread_ids = native.thread_ids()
-        with fork_guard():
-            libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
+        libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
         if forks.state is not None and forks.thread_ids == thread_ids and forks.state.libraries is libraries:
             _recorded = forks.state
         else:

@@ -31,9 +31,10 @@ __all__ = [
     "descriptor_table",
     "fork_generation",
     "install_backtrace_handler",
-    "install_continue_handler",
-    "last_continued",
+    "loaded_objects",
     "regular_file_offsets",
+    "release_backtrace_handler",
+    "signal_handler_address",
     "signal_thread",
     "thread_census",
     "thread_ids",
@@ -84,6 +85,14 @@ def install_backtrace_handler(signum: int, fd: int) -> bool:
     return bool(_impl.install_backtrace_handler(signum, fd))
 
 
+def release_backtrace_handler(signum: int) -> bool:
+    """Put ``SIG_DFL`` back on ``signum`` if the backtrace handler is still the one there.
+
+    A handler someone installed on it since is left alone (returns False).
+    """
+    return bool(_impl.release_backtrace_handler(signum))
+
+
 def warm_backtrace() -> None:
     """Load glibc's unwinder in this process, once, before forking workers.
 
@@ -92,24 +101,35 @@ def warm_backtrace() -> None:
     ``install_backtrace_handler`` makes that call unless it was made already.
     Made once in the parent, it is inherited done by every forked worker.
     Nothing to do without the C extension (no handler is installed).
+
+    It dlopens, holding the loader's lock: a ``_loader_lock.section``, so that
+    no other thread forks meanwhile, and it waits for no other thread's fork
+    (nor its at-fork callbacks).
     """
-    from ._registry import fork_guard
+    from . import _loader_lock
 
-    with fork_guard():  # it dlopens: no fork from another thread meanwhile
-        _impl.warm_backtrace()
+    with _loader_lock.section() as release:
+        _impl.warm_backtrace(release)
 
 
-def install_continue_handler() -> bool:
-    """Record the time of every SIGCONT (the process continued after a stop). Idempotent.
+def signal_handler_address(signum: int) -> int:
+    """The current handler of ``signum`` as ``sigaction()`` gives it: 0 for ``SIG_DFL``,
+    1 for ``SIG_IGN``, else the handler's address (the fallback says 2 for any handler).
 
-    Returns False where that is not possible (the fallback outside the main thread).
+    Unlike ``signal.getsignal``, it sees handlers installed in C (``faulthandler.register``).
     """
-    return bool(_impl.install_continue_handler())
+    return int(_impl.signal_handler_address(signum))
 
 
-def last_continued() -> float:
-    """``time.monotonic()`` of the last SIGCONT seen since ``install_continue_handler()``; 0.0 if none."""
-    return float(_impl.last_continued())
+def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
+    """``((loads, unloads) or None, names or None)``: the dynamic loader's counters and,
+    with ``full``, the names of the loaded objects in load order.
+
+    The walk holds the loader's lock; ``release_gil`` says whether other Python
+    threads may run meanwhile (see ``_loader_lock``). With the C extension, no
+    Python code runs during the walk; the fallback's ctypes callback is Python.
+    """
+    return _impl.loaded_objects(full, release_gil)
 
 
 def signal_thread(pid: int, tid: int, signum: int) -> None:

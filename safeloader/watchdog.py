@@ -15,6 +15,14 @@ registered on a signal in the worker) and its native stacks (the C
 extension's signal-safe backtrace, one thread at a time), shuts the workers
 down and raises ``WorkerStallError`` naming the worker, the stuck frames and
 the likely cause (see ``_stall_report``).
+
+The worker picks those two signals when it installs them: real-time signals
+nobody holds there (``_stacks.free_signals``), so a handler of the user's or
+of a library (faulthandler, pytest-timeout) is never taken; the parent reads
+which ones from the heartbeats. The parent takes no signal at all: time spent
+stopped (Ctrl-Z) is told from the kernel (``waitid(WCONTINUED)`` on each
+worker, a stopped worker's state), not from a SIGCONT handler that a handler
+installed later by the user would replace.
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
-from ._stacks import NATIVE_STACK_SIGNAL, PYTHON_STACK_SIGNAL
+from ._stacks import free_signals
 
-__all__ = ["FIRST_ITEM_FACTOR", "PYTHON_STACK_SIGNAL", "NATIVE_STACK_SIGNAL", "Watch", "WorkerStallError"]
+__all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError"]
 
 FIRST_ITEM_FACTOR = 2.0
 """The worker's start and first item may take this many times ``stall_timeout``."""
@@ -41,8 +49,8 @@ SLOW_START_ALLOWANCE = 60.0
 """Extra seconds for a spawn/forkserver worker to start (it re-imports torch and the program)."""
 # One slot of FIELDS doubles per worker; a double store is atomic on the
 # platforms torch supports, and the parent re-reads before acting.
-FIELDS = 8
-STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD, SEND_ERRNO = range(FIELDS)
+FIELDS = 10
+STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD, SEND_ERRNO, PYTHON_SIGNAL, NATIVE_SIGNAL = range(FIELDS)
 STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # SEND_ERRNO: the errno (or -1) with which the worker's result queue failed to send a
 # batch. multiprocessing's feeder thread only prints that and drops the batch, so
@@ -50,6 +58,7 @@ STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # BATCH: how many items the current call works on (a Dataset's __getitems__, or
 # collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
+# PYTHON_SIGNAL, NATIVE_SIGNAL: the signals the worker chose for its stack dumpers (0: none).
 
 
 class WorkerStallError(RuntimeError):
@@ -97,6 +106,8 @@ class Watch:
             self.slots = multiprocessing.RawArray("d", FIELDS * num_workers)
         self.parent_pid = os.getpid()
         self.next_check = 0.0  # parent only: when the next heartbeat check is due
+        # Parent only: per worker, when it was last seen continued after a stop (0.0: never).
+        self.resumed = [0.0] * num_workers
         me = threading.current_thread()
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
@@ -125,27 +136,40 @@ class Watch:
             return
         base = worker_id * FIELDS
         python_file, native_fd, ready = None, -1, 0
+        python_signal = native_signal = python_handler = 0
         try:
             if _few_spare_descriptors():
                 raise OSError(errno.EMFILE, "fewer than 64 spare file descriptors: no stack dumps")
-            # Raw, open for the worker's life: faulthandler needs only its descriptor (a text
-            # file would cost each worker an encoder and buffers, 0.2 ms of page copies).
-            python_file = open(os.memfd_create("safeloader-python-stacks"), "wb", buffering=0)
-            # faulthandler names threads by ident; the parent needs to know which is main.
-            python_file.write(b"main-thread %#x\n" % (threading.main_thread().ident or 0))
-            faulthandler.register(PYTHON_STACK_SIGNAL, file=python_file, all_threads=True, chain=False)
-            self.slots[base + PYTHON_FD] = float(python_file.fileno())
-            ready = PYTHON_READY
-            native_fd = os.memfd_create("safeloader-native-stacks")
-            self.slots[base + NATIVE_FD] = float(native_fd)
-            if native.install_backtrace_handler(NATIVE_STACK_SIGNAL, native_fd):
-                ready |= NATIVE_READY
+            # Two real-time signals nobody holds in this worker now: a handler the user
+            # installed (inherited, or by faulthandler) keeps its signal.
+            signals = free_signals(2)
+            if signals:
+                python_signal = signals[0]
+                # Raw, open for the worker's life: faulthandler needs only its descriptor (a text
+                # file would cost each worker an encoder and buffers, 0.2 ms of page copies).
+                python_file = open(os.memfd_create("safeloader-python-stacks"), "wb", buffering=0)
+                # faulthandler names threads by ident; the parent needs to know which is main.
+                python_file.write(b"main-thread %#x\n" % (threading.main_thread().ident or 0))
+                faulthandler.register(python_signal, file=python_file, all_threads=True, chain=False)
+                python_handler = native.signal_handler_address(python_signal)
+                self.slots[base + PYTHON_FD] = float(python_file.fileno())
+                self.slots[base + PYTHON_SIGNAL] = float(python_signal)
+                ready = PYTHON_READY
+            if len(signals) == 2 and native.NATIVE:
+                native_fd = os.memfd_create("safeloader-native-stacks")
+                self.slots[base + NATIVE_FD] = float(native_fd)
+                if native.install_backtrace_handler(signals[1], native_fd):
+                    native_signal = signals[1]
+                    self.slots[base + NATIVE_SIGNAL] = float(native_signal)
+                    ready |= NATIVE_READY
         except OSError:
             # Out of descriptors (EMFILE) or no memfd: the heartbeat still works,
             # a stall is still reported, without stacks. The worker's own data
             # path needs the descriptors more than diagnostics do.
             pass
         _worker_beat = _Beat(self, base, python_file, native_fd)
+        native_handler = native.signal_handler_address(native_signal) if native_signal else 0
+        _worker_beat.signals = (python_signal, python_handler, native_signal, native_handler)
         _instrument_fetchers()
         self.slots[base + READY] = float(ready)
 
@@ -177,8 +201,22 @@ class Watch:
         ]
 
     def worker_ready(self, worker_id: int) -> None:
-        """In the worker: its start (hooks, ``worker_init_fn``) is done; it waits for work."""
+        """In the worker: its start (hooks, ``worker_init_fn``) is done; it waits for work.
+
+        A stack dumper whose signal got another handler meanwhile (the user's
+        ``worker_init_fn`` installed one on it) is given up: the parent will not
+        send that signal, and the user's handler keeps it.
+        """
         base = worker_id * FIELDS
+        beat = _worker_beat
+        if beat is not None and beat.watch is self and beat.signals != (0, 0, 0, 0):
+            python_signal, python_handler, native_signal, native_handler = beat.signals
+            ready = int(self.slots[base + READY])
+            if python_signal and not _still_held(python_signal, python_handler):
+                ready &= ~PYTHON_READY
+            if native_signal and not _still_held(native_signal, native_handler):
+                ready &= ~NATIVE_READY
+            self.slots[base + READY] = float(ready)
         self.slots[base + LAST] = time.monotonic()
         self.slots[base + STATE] = IDLE
 
@@ -194,23 +232,36 @@ class Watch:
         per_item = self.first_limit if items == 0 else self.stall_timeout
         return per_item * max(1.0, batch)
 
-    def stalled(self, alive: list[bool]) -> list[tuple[int, float, float, float, float, float]]:
+    def resume_all(self, when: float) -> None:
+        """In the parent: every worker's clock starts again at ``when`` (this process was not running)."""
+        self.resumed = [max(resumed, when) for resumed in self.resumed]
+
+    def stalled(
+        self, alive: list[bool], pids: list[int | None] | None = None
+    ) -> list[tuple[int, float, float, float, float, float]]:
         """(worker_id, seconds without progress, limit, state, items, batch) of each stalled worker.
 
-        Time the process spent stopped (Ctrl-Z, SIGSTOP) does not count: after a
-        SIGCONT every worker's clock starts again from the moment of the resume.
+        Time a worker spent stopped (Ctrl-Z, SIGSTOP) does not count: once it is
+        continued its clock starts again from the moment that is seen, and a
+        worker stopped now is not stalled. Both are asked of the kernel about
+        the worker (``pids``), so no signal handler is needed.
         """
         now = time.monotonic()
-        resumed = native.last_continued()
         found = []
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
+            pid = pids[worker_id] if pids is not None and worker_id < len(pids) else None
+            if pid is not None and _continued_since_asked(pid):
+                self.resumed[worker_id] = now
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
             if state == IDLE or not alive[worker_id]:
                 continue
             batch = self.slots[base + BATCH]
-            waited, limit = now - max(last, resumed), self.limit(state, items, batch)
+            waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
             if waited > limit:
+                if pid is not None and _stopped(pid):
+                    self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
+                    continue
                 found.append((worker_id, waited, limit, state, items, batch))
         return found
 
@@ -219,6 +270,38 @@ class Watch:
 
     def state(self, worker_id: int) -> float:
         return self.slots[worker_id * FIELDS + STATE]
+
+
+def _continued_since_asked(pid: int) -> bool:
+    """Whether child ``pid`` was continued after a stop since the last time this was asked.
+
+    ``waitid(WCONTINUED)`` without ``WEXITED``: it reaps nothing, and torch's and
+    multiprocessing's waits (``WEXITED`` only) never consume this report. False for
+    a process that is not this one's child (a forkserver's worker).
+    """
+    try:
+        result = os.waitid(os.P_PID, pid, os.WCONTINUED | os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return False
+    return result is not None and result.si_code == os.CLD_CONTINUED
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped now (job control or a tracer)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return bool(fields) and fields[0] in ("T", "t")
+
+
+def _still_held(signum: int, handler: int) -> bool:
+    """Whether the handler installed on ``signum`` (at ``handler``) is still the one there."""
+    try:
+        return native.signal_handler_address(signum) == handler and signal.getsignal(signum) == signal.SIG_DFL
+    except (OSError, ValueError):
+        return False
 
 
 # -- the worker's heartbeat ----------------------------------------------------------
@@ -266,6 +349,8 @@ class _Beat:
         self.base = base
         self.python_file = python_file  # kept open: faulthandler writes to it
         self.native_fd = native_fd
+        # (python signal, its handler's address, native signal, its handler's address); 0: none.
+        self.signals: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def busy(self, batch: int = 1) -> None:
         self.slots[self.base + LAST] = time.monotonic()  # time first: the parent never sees BUSY with a stale time
@@ -438,7 +523,6 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
     global _ample_descriptor_limit
     if options.stall_timeout is None or loader.num_workers <= 0:
         return None
-    native.install_continue_handler()  # time stopped (Ctrl-Z) must not count as a stall
     if start_method == "fork":
         # Done once here, inherited done by every forked worker instead of paid in each.
         _ample_descriptor_limit = _descriptor_limit()[1]
@@ -467,7 +551,13 @@ class _WatchedIterator:
         remaining = timeout
         while True:
             step = min(remaining, watch.poll_interval)
+            started = time.monotonic()
             success, data = super()._try_get_data(step)  # type: ignore[misc]
+            ended = time.monotonic()
+            if ended - started > step + max(1.0, step):
+                # This process was not running (stopped, suspended): nor, likely, were its
+                # workers, and a forkserver's workers cannot be asked (not our children).
+                watch.resume_all(ended)
             if success:
                 # Data from healthy workers must not hide a stuck one: check now and then anyway.
                 if time.monotonic() >= watch.next_check:
@@ -503,7 +593,8 @@ def _check(iterator: Any, watch: Watch) -> None:
         _shutdown_now(iterator, watch)
         raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
-    stalled = watch.stalled(alive)
+    pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
+    stalled = watch.stalled(alive, pids)
     if not stalled:
         return
     from . import _stall_report  # only once a worker stalled
@@ -517,6 +608,8 @@ def _check(iterator: Any, watch: Watch) -> None:
             python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
             native_path=watch.native_stack_path(worker_id, pid) if flags & NATIVE_READY else None,
             watch=watch,
+            python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
+            native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
         )
         report.collating = int(batch) if state == COLLATING else 0
         report.batch = int(batch)

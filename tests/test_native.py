@@ -82,9 +82,10 @@ NATIVE_FUNCTIONS = (
     "thread_ids",
     "descriptor_table",
     "regular_file_offsets",
-    "install_continue_handler",
-    "last_continued",
+    "signal_handler_address",
+    "loaded_objects",
     "install_backtrace_handler",
+    "release_backtrace_handler",
     "warm_backtrace",
     "signal_thread",
 )
@@ -103,6 +104,30 @@ def test_extension_and_fallback_have_the_same_functions_and_parameters():
         assert native_parameters == fallback_parameters, name
 
 
+@pytest.mark.skipif(not safeloader.NATIVE, reason="needs the C extension")
+def test_loaded_objects_and_signal_dispositions_agree_with_the_fallback():
+    from safeloader import _native, _native_fallback
+
+    for release_gil in (False, True):
+        assert _native.loaded_objects(True, release_gil) == _native_fallback.loaded_objects(True, release_gil)
+        assert _native.loaded_objects(False, release_gil) == (_native_fallback.loaded_objects(False, False)[0], None)
+    # faulthandler installs in C, where signal.getsignal does not see it; both versions do.
+    check_python(
+        """
+        import faulthandler, signal
+        from safeloader import _native, _native_fallback
+        free = signal.SIGRTMIN + 5
+        assert _native.signal_handler_address(free) == _native_fallback.signal_handler_address(free) == 0
+        signal.signal(free, signal.SIG_IGN)
+        assert _native.signal_handler_address(free) == _native_fallback.signal_handler_address(free) == 1
+        faulthandler.register(free)
+        assert signal.getsignal(free) == signal.SIG_IGN, "Python's view stays stale"
+        assert _native.signal_handler_address(free) > 2 and _native_fallback.signal_handler_address(free) == 2
+        """,
+        timeout=30,
+    )
+
+
 def test_executing_the_module_again_counts_each_fork_once():
     # Multi-phase init runs the module's exec slot on each fresh import; the
     # pthread_atfork handler must still be registered once per process.
@@ -117,7 +142,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("safeloader._native", {path!r})
 native = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(native)
-assert native.fork_generation() == 0 and native.thread_ids() and native.install_continue_handler()
+assert native.fork_generation() == 0 and native.thread_ids() and native.loaded_objects(True, True)[1]
 """
 
 

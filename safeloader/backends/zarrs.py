@@ -32,7 +32,7 @@ from types import ModuleType
 from .. import hook_names
 from .._imports import modules_state
 from .._options import ZARRS_MODES, default_thread_budget
-from .._registry import fork_context, fork_guard
+from .._registry import fork_context
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from ._backend import Backend
 from .zarrs_layout import SUPPORTED_VERSIONS
@@ -154,9 +154,9 @@ def _ensure_copy() -> str | None:
     except OSError as exc:
         return f"a copy of {_source} in memory, got {type(exc).__name__}: {exc}"
     try:
-        # dlopen holds the dynamic loader's lock: no fork from another thread meanwhile.
-        with fork_guard():
-            spare = zarrs_native.load_copy(fd)
+        # dlopen holds the dynamic loader's lock; the import runs it with the GIL held,
+        # so no other Python thread forks meanwhile (and none is waited for).
+        spare = zarrs_native.load_copy(fd)
     except Exception as exc:  # nothing was installed: a slower mode is safe
         return f"a loadable copy of {_source}, got {type(exc).__name__}: {exc}"
     finally:

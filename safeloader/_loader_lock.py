@@ -1,0 +1,80 @@
+"""Work that holds glibc's dynamic-loader lock, and forks from other threads, without either
+waiting for the other's at-fork callbacks.
+
+A fork from another thread while this thread holds the loader lock (dladdr,
+dl_iterate_phdr, dlopen) gives a child that hangs at its first dlopen. Such work
+(``section``) runs one of two ways:
+
+- with the GIL released, when no other thread is inside a fork (between its
+  ``before`` and ``after_in_parent`` callbacks): forks that start meanwhile wait
+  in safeloader's ``before`` callback until it is done (``enter_fork``). It is
+  short; the wait is only as long as the loader lock is busy anyway.
+- with the GIL held, when another thread is inside a fork: that thread cannot
+  reach ``fork()`` before the work is done (``os.fork`` forks holding the GIL),
+  and the work does not wait for that fork, nor for its at-fork callbacks
+  (a user's may be slow, or wait for a lock a third thread holds).
+
+Waiting for the loader lock with the GIL released, wherever possible, matters: a
+thread holding the loader lock may need the GIL to let it go (a Python callback
+of ctypes' ``dl_iterate_phdr``). The state is guarded by a lock held for a few
+bytecodes at a time, never across a wait for anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+_lock = threading.Lock()
+_idle = threading.Condition(_lock)
+_released = 0  # sections running with the GIL released
+_forking: dict[int, int] = {}  # thread ident -> forks it is inside (between before and after_in_parent)
+
+
+def enter_fork() -> None:
+    """In a fork's ``before`` phase: wait for sections running with the GIL released,
+    then count this thread as forking."""
+    me = threading.get_ident()
+    with _idle:
+        while _released:
+            _idle.wait()
+        _forking[me] = _forking.get(me, 0) + 1
+
+
+def leave_fork() -> None:
+    """In the parent, after the fork (``after_in_parent``): this thread is no longer forking."""
+    me = threading.get_ident()
+    with _idle:
+        count = _forking.pop(me, 0) - 1
+        if count > 0:
+            _forking[me] = count
+
+
+def reset_in_child() -> None:
+    """In the child: the other threads are gone, and with them their sections and forks."""
+    global _lock, _idle, _released, _forking
+    _lock = threading.Lock()
+    _idle = threading.Condition(_lock)
+    _released = 0
+    _forking = {}
+
+
+@contextlib.contextmanager
+def section() -> Iterator[bool]:
+    """Around work that holds the loader lock: yields True when it may release the GIL
+    (forks starting meanwhile wait for it), False when it must keep the GIL held."""
+    global _released
+    me = threading.get_ident()
+    with _idle:
+        release = not any(ident != me for ident in _forking)
+        if release:
+            _released += 1
+    try:
+        yield release
+    finally:
+        if release:
+            with _idle:
+                _released -= 1
+                if not _released:
+                    _idle.notify_all()

@@ -1,0 +1,115 @@
+"""safeloader never takes a signal the user (or faulthandler, pytest-timeout...) holds, leaves
+none changed, and never waits for another thread's fork or its at-fork callbacks.
+
+Each case runs in a child under a deadline (tests/children/user_signals.py,
+tests/children/fork_in_other_thread.py), under torch's DataLoader beside safeloader's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from .subproc import run_script, script_command
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _result(script: str, loader: str, case: str, timeout: float = 90) -> dict:
+    result = run_script(script, loader, case, timeout=timeout)
+    assert not result.timed_out and result.returncode == 0, f"{loader} ({case}) did not end cleanly:\n{result}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["workers", "init"])
+def test_user_handlers_on_realtime_signals_run_in_workers(case):
+    # The user's Python handler on SIGRTMIN+2 and faulthandler on SIGRTMIN+3, installed before
+    # the loader (inherited) or in worker_init_fn: each of the 8 items signals its own worker.
+    torch = _result("user_signals.py", "torch", case)
+    assert torch["handled"] == 8 and torch["dumps"] == 8, torch
+    ours = _result("user_signals.py", "safeloader", case)
+    assert ours["handled"] == 8 and ours["dumps"] == 8, ours
+
+
+def test_faulthandler_registration_in_the_parent_is_kept_after_loaders():
+    # Before: safeloader looked at the polars pool's native stacks on SIGRTMIN+3 and then put
+    # SIG_DFL back, so the user's faulthandler registration was gone: the signal killed the process.
+    pytest.importorskip("polars")
+    for loader in ("torch", "safeloader"):
+        result = _result("user_signals.py", loader, "parent")
+        assert result["dumps"] == 2 and result["items"] == list(range(24)), (loader, result)
+
+
+def test_stall_report_uses_signals_nobody_holds_and_never_runs_a_user_handler():
+    # The user holds SIGRTMIN+2 and +3; worker_init_fn takes a signal the worker found free at
+    # its fork. The hang is still named with the worker's Python stack, and no user handler runs.
+    result = _result("user_signals.py", "safeloader", "stall")
+    assert result["stall"] and "Stuck in __getitem__" in result["stall"], result
+    assert "user_signals.py" in result["stall"] and result["dumps"] == 0, result
+
+
+@pytest.mark.torch_baseline
+def test_torch_hangs_on_the_stall_case():
+    result = run_script("user_signals.py", "torch", "stall", timeout=8)
+    assert result.timed_out, f"torch's DataLoader was expected to hang on item 5:\n{result}"
+
+
+def _stopped_mid_second_epoch(loader: str, seconds: float) -> dict:
+    """Run the ``sigcont`` case; stop its process group (as Ctrl-Z does) for ``seconds`` one second
+    into the second epoch, then continue it."""
+    command, env = script_command("user_signals.py", loader, "sigcont")
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and child.poll() is None:
+                out.seek(0)
+                if "epoch2" in out.read():
+                    break
+                time.sleep(0.05)
+            time.sleep(1.0)  # workers busy mid-epoch
+            os.killpg(child.pid, signal.SIGSTOP)
+            time.sleep(seconds)
+            os.killpg(child.pid, signal.SIGCONT)
+            try:
+                code: int | None = child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+        out.seek(0)
+        output = out.read()
+    assert code == 0, f"{loader}: exit {code}\n{output}"
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_a_user_sigcont_handler_installed_after_a_loader_causes_no_false_stall():
+    # stall_timeout=2 s (first item 4 s); stopped 5 s mid-epoch after the user took SIGCONT.
+    # Before: safeloader's SIGCONT handler was replaced, the stop counted, a false WorkerStallError.
+    for loader in ("torch", "safeloader"):
+        result = _stopped_mid_second_epoch(loader, 5.0)
+        assert result["stall"] is None and result["items"] == list(range(24)), (loader, result)
+        assert result["cont"] >= 1, (loader, result)  # the user's handler still sees the continue
+
+
+@pytest.mark.parametrize("case", ["slow", "rlock"])
+def test_another_threads_fork_held_in_its_callbacks_does_not_hold_up_the_loader(case):
+    # Another thread is inside its own at-fork `before` callback (registered before safeloader
+    # was imported, so inside safeloader's) for as long as the main thread runs its epochs:
+    # "slow" waits for them to end, "rlock" waits for an RLock a third thread holds until then.
+    # Before: safeloader's worker forks (and its warm_backtrace) waited for that fork: a deadlock.
+    for loader in ("torch", "safeloader"):
+        result = _result("fork_in_other_thread.py", loader, case, timeout=45)
+        assert result["epochs"] == [16, 16, 16], (loader, result)
+        assert result["in_callback_after"], (loader, result)  # done while the other fork was held
