@@ -54,7 +54,11 @@ class _Segments:
     """Executable segments of the loaded objects, sorted: listed again only after a load or unload."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(None)
+        # Called with the GIL held throughout (PyDLL): the callback runs Python while glibc's
+        # loader lock is held, so no other thread may fork meanwhile (its child would hang at
+        # its first dlopen; os.fork needs the GIL), nor wait for this thread's lock holding
+        # the GIL this callback needs.
+        libc = ctypes.PyDLL(None)
         self._iterate = libc.dl_iterate_phdr
         self._iterate.argtypes = (_Callback, ctypes.c_void_p)
         self._iterate.restype = ctypes.c_int
