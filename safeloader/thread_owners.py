@@ -5,13 +5,13 @@ A thread blocked in a system call shows its stack and instruction pointers in
 (a futex or poll wait); the return addresses just above the stack pointer name
 the code that called it. They are read through ``/proc/self/mem`` (a stack
 unmapped meanwhile reads as an error, never a crash) and looked up among the
-executable segments of the loaded objects (``dl_iterate_phdr``). No signal is
-sent and no file is opened but under /proc; an answer is kept per thread.
+executable mappings of the loaded objects (``/proc/self/maps``). No signal is
+sent, no loader lock taken and no file opened but under /proc; an answer is
+kept per thread.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from bisect import bisect_right
 
@@ -20,82 +20,38 @@ __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
 # Objects a pool's thread waits *through*, not the pool's owner.
 SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
 _STACK_BYTES = 16384  # the innermost frames: a wait is a few calls below its owner's code
-_PT_LOAD, _PF_X = 1, 1
-
-
-class _Phdr(ctypes.Structure):  # Elf64_Phdr
-    _fields_ = (
-        ("p_type", ctypes.c_uint32),
-        ("p_flags", ctypes.c_uint32),
-        ("p_offset", ctypes.c_uint64),
-        ("p_vaddr", ctypes.c_uint64),
-        ("p_paddr", ctypes.c_uint64),
-        ("p_filesz", ctypes.c_uint64),
-        ("p_memsz", ctypes.c_uint64),
-        ("p_align", ctypes.c_uint64),
-    )
-
-
-class _PhdrInfo(ctypes.Structure):
-    _fields_ = (
-        ("dlpi_addr", ctypes.c_uint64),
-        ("dlpi_name", ctypes.c_char_p),
-        ("dlpi_phdr", ctypes.POINTER(_Phdr)),
-        ("dlpi_phnum", ctypes.c_uint16),
-        ("dlpi_adds", ctypes.c_ulonglong),
-        ("dlpi_subs", ctypes.c_ulonglong),
-    )
-
-
-_Callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_PhdrInfo), ctypes.c_size_t, ctypes.c_void_p)
 
 
 class _Segments:
-    """Executable segments of the loaded objects, sorted: listed again only after a load or unload."""
+    """Executable mappings of the loaded objects, sorted, from /proc/self/maps (no loader lock
+    taken, so no fork from another thread can inherit it held): read again only after the
+    dynamic loader loaded or unloaded something (its counters, read in C)."""
 
     def __init__(self) -> None:
-        # Called with the GIL held throughout (PyDLL): the callback runs Python while glibc's
-        # loader lock is held, so no other thread may fork meanwhile (its child would hang at
-        # its first dlopen; os.fork needs the GIL), nor wait for this thread's lock holding
-        # the GIL this callback needs.
-        libc = ctypes.PyDLL(None)
-        self._iterate = libc.dl_iterate_phdr
-        self._iterate.argtypes = (_Callback, ctypes.c_void_p)
-        self._iterate.restype = ctypes.c_int
         self._counters: tuple[int, int] | None = None
         self.starts: list[int] = []
         self.ends: list[int] = []
         self.names: list[str] = []
-        self._visit = _Callback(self._on_object)  # one libffi closure for the process
-        self._found: list[tuple[int, int, str]] = []
-        self._first_only = False
-
-    def _on_object(self, info, size, data) -> int:
-        entry = info.contents
-        if self._first_only:
-            self._counters = (entry.dlpi_adds, entry.dlpi_subs)
-            return 1
-        name = os.fsdecode(entry.dlpi_name) if entry.dlpi_name else ""
-        for i in range(entry.dlpi_phnum):
-            phdr = entry.dlpi_phdr[i]
-            if phdr.p_type == _PT_LOAD and phdr.p_flags & _PF_X:
-                start = entry.dlpi_addr + phdr.p_vaddr
-                self._found.append((start, start + phdr.p_memsz, name))
-        return 0
 
     def refresh(self) -> None:
-        before = self._counters
-        self._first_only = True
-        self._iterate(self._visit, None)
-        self._first_only = False
-        if before is not None and before == self._counters:
+        from . import _loader_lock, native
+
+        with _loader_lock.section() as release:
+            counters, _ = native.loaded_objects(False, release)
+        if counters is not None and counters == self._counters and self.starts:
             return
-        self._found = []
-        self._iterate(self._visit, None)
-        self._found.sort()
-        self.starts = [start for start, _, _ in self._found]
-        self.ends = [end for _, end, _ in self._found]
-        self.names = [name for _, _, name in self._found]
+        found = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/"):
+                    low, high = fields[0].split("-")
+                    found.append((int(low, 16), int(high, 16), fields[5].rstrip("\n")))
+        found.sort()
+        self._counters = counters
+        self.starts = [start for start, _, _ in found]
+        self.ends = [end for _, end, _ in found]
+        self.names = [name for _, _, name in found]
 
     def name_at(self, address: int) -> str | None:
         i = bisect_right(self.starts, address) - 1
@@ -121,7 +77,7 @@ def _memory_fd() -> int:
 
 
 def library_of(tid: int) -> str | None:
-    """The first non-system object (its path as loaded) on thread ``tid``'s innermost stack
+    """The first non-system object (its real path) on thread ``tid``'s innermost stack
     frames while it is blocked in a system call; None if it runs, ended, or shows none."""
     global _segments
     try:
