@@ -7,6 +7,7 @@ loader's error once a worker hangs (no batch within the loader's timeout).
 import ctypes
 import os
 import queue
+import signal
 import sys
 import threading
 
@@ -59,6 +60,8 @@ for attempt in range(20):
         batches = list(Loader(range(8), batch_size=2, num_workers=2, timeout=5))
     except RuntimeError as error:
         print(f"attempt {attempt}: {error}", flush=True)
+        # torch's SIGCHLD handler would raise "worker killed by signal" here, mid-loop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         for worker in psutil.Process().children(recursive=True):
             worker.kill()  # the hung worker would hold our output pipes open
         os._exit(3)
