@@ -1,8 +1,9 @@
 """Pure-Python stand-in for the ``safeloader._native`` C extension.
 
 Same functions, same answers, with one documented gap: the fork counter is
-driven by ``os.register_at_fork``, so it misses forks that bypass ``os.fork``
-(a C library calling ``fork()`` directly). The C version counts those too.
+driven by ``os.register_at_fork`` and by the pid changing, so of forks that
+bypass ``os.fork`` (a C library calling ``fork()`` directly) it sees only that
+one happened since it was last read, not how many. The C version counts each.
 """
 
 from __future__ import annotations
@@ -12,18 +13,34 @@ import stat
 from typing import Any
 
 _fork_generation = 0
+_counted_pid = os.getpid()  # the process _fork_generation was counted for
 
 
 def _on_fork_child() -> None:
-    global _fork_generation
-    _fork_generation += 1
+    """Count the fork that made this process, once, whoever asks first.
+
+    ``os.register_at_fork`` runs ``after_in_child`` callbacks in registration
+    order, and this module's callback is registered after the fork-hook
+    registry's (and after any other registered before ``native`` was first
+    imported): a hook running in the child would read the parent's count. So
+    ``fork_generation`` counts the fork itself when the pid changed since the
+    last count, as the C extension's ``pthread_atfork`` handler, which runs
+    before any Python callback, would have; this callback then finds it done.
+    A child's pid is never its parent's, so each fork is counted exactly once.
+    """
+    global _fork_generation, _counted_pid
+    pid = os.getpid()
+    if pid != _counted_pid:
+        _counted_pid = pid
+        _fork_generation += 1
 
 
-os.register_at_fork(after_in_child=_on_fork_child)
+os.register_at_fork(after_in_child=_on_fork_child)  # counts forks that nothing reads the counter in
 
 
 def fork_generation() -> int:
     """Number of forks this process descends from since safeloader was imported."""
+    _on_fork_child()
     return _fork_generation
 
 

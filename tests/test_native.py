@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import sys
 
@@ -48,11 +49,26 @@ def test_fork_generation_agrees_across_os_fork():
 
 
 def test_native_counter_sees_forks_that_bypass_os_fork():
-    # libc's fork() called directly, as a C library would: os.register_at_fork
-    # handlers do not run, pthread_atfork handlers do. The fallback's
-    # documented gap is the reason the extension exists.
+    # libc's fork() called directly, twice, as a C library would: os.register_at_fork
+    # handlers do not run, pthread_atfork handlers do. The fallback sees that its pid
+    # changed (one fork), not how many forks made it: its documented gap.
     result = check_script("native_parity.py", "libc_fork", timeout=30)
-    assert result.stdout.strip() == "1 0"
+    assert result.stdout.strip() == "['', '1 1', '2 1']"
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["extension", "fallback"])
+def test_worker_hooks_see_the_workers_fork_generation(fallback):
+    # Issue 24 item 3: the fallback counted the fork in an os.register_at_fork callback
+    # registered after the registry's, so a worker's hooks read the parent's count and
+    # parent_state() was None there. The extension counts in a pthread_atfork handler.
+    if not fallback and not safeloader.NATIVE:
+        pytest.skip("needs the C extension")
+    env = {"SAFELOADER_DISABLE_NATIVE": "1"} if fallback else {}
+    result = check_script("worker_hook_generation.py", timeout=60, env=env)
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["native"] is not fallback, result
+    assert seen["generation"] == seen["parent"] + 1, result
+    assert seen["parent_state"] is True, result
 
 
 def test_thread_census_separates_python_threads_from_native_pools():

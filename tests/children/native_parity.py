@@ -5,7 +5,7 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
   descriptor_table      both describe the same descriptors (a socket, a pipe, a file)
   regular_file_offsets  both give the same offsets, and skip what cannot seek
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
-  libc_fork             libc's fork() called directly: prints the counts of both in the child
+  libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
 
 import ctypes
@@ -82,10 +82,16 @@ def libc_fork():
     r, w = os.pipe()
     pid = libc.fork()
     if pid == 0:
-        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}".encode())
+        pid2 = libc.fork()  # before the child reads either counter
+        if pid2 == 0:
+            os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\n".encode())
+            os._exit(0)
+        os.waitpid(pid2, 0)
+        os.write(w, f"{_native.fork_generation()} {_native_fallback.fork_generation()}\n".encode())
         os._exit(0)
     os.waitpid(pid, 0)
-    print(os.read(r, 100).decode())
+    os.close(w)
+    print(sorted(os.read(r, 100).decode().split("\n")))
 
 
 CHECKS = {f.__name__: f for f in (thread_ids, descriptor_table, regular_file_offsets, fork_generation, libc_fork)}
