@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry, _torch_internals, _unsafe_fork, backends, watchdog
+from . import _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -116,7 +116,13 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     # the workers; trainers that rebuild the loader see the user's values.
     # object.__setattr__ bypasses a __setattr__ that records attribute sets
     # (Lightning's, while it runs a fit), which would replay our swap later.
-    watch = None
+    #
+    # Ctrl-C (or any signal handler's exception) can land at any bytecode of the start. The
+    # fork hooks defer one that lands in them (arming.interrupt); one that lands in torch's
+    # code ends start() (failure). Either way the start is undone below, each step repeated
+    # until no interrupt cut it short, and the first interrupt is raised, as itself, once the
+    # workers already forked are stopped as torch's own iterator stops them.
+    watch = arming = iterator = failure = None
     try:
         if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
             # Python 3.14 made forkserver the default; a user who set a start
@@ -127,15 +133,41 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
-        with _registry.arm(loader, options, watch) as arming:
-            backends.prepare_start(loader, options, start_method)
-            iterator = start()
-    finally:
-        object.__setattr__(loader, "worker_init_fn", user_init)
-        object.__setattr__(loader, "multiprocessing_context", user_context)
-    if arming.errors:
-        _torch_internals.shutdown_workers(iterator)
-        raise arming.errors[0]
+        arming = _registry.arm(loader, options, watch)
+        backends.prepare_start(loader, options, start_method)
+        iterator = start()
+    except BaseException as exc:
+        failure = exc
+    if arming is None:
+        # Cut between arm() and the assignment: this thread's arming is ours all the same
+        # (start_armed runs this only where the thread was not armed).
+        arming = _registry.armed()
+    late = None  # an interrupt that landed while the start was undone
+    for _attempt in range(_ATTEMPTS):
+        try:
+            _end_start(loader, user_init, user_context, arming)
+            break
+        except BaseException as exc:
+            if late is None:
+                late = exc
+    if arming is not None and arming.interrupt is not None:
+        if failure is None or not _registry.is_interrupt(failure):
+            failure = arming.interrupt  # a hook's error or torch's reaction to it: the interrupt came first
+    if failure is None:
+        failure = late or (arming.errors[0] if arming is not None and arming.errors else None)
+    if failure is not None:
+        if arming is not None:
+            if arming.interrupt is not None or late is not None or _registry.is_interrupt(failure):
+                forkstate.forget()
+            half_built = iterator if iterator is not None else _half_built_iterator(failure)
+            for _attempt in range(_ATTEMPTS):
+                try:
+                    _stop_workers(half_built, arming)
+                    break
+                except BaseException:  # another interrupt: the first one is raised
+                    pass
+        raise failure
+    assert arming is not None
     if arming.unrecognised and not arming.recognised:
         _torch_internals.shutdown_workers(iterator)
         raise UnarmedWorkersError(
@@ -148,6 +180,49 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     if watch is not None:
         watchdog.attach(iterator, watch)
     return iterator
+
+
+_ATTEMPTS = 5
+"""How many times a step undoing a start is run when interrupts keep cutting it short."""
+_KILL_WAIT = 5.0
+"""Seconds to wait for a killed worker to be reaped."""
+
+
+def _end_start(loader: Any, user_init: Any, user_context: Any, arming: _registry.Arming | None) -> None:
+    """Give the user's attributes back and disarm; idempotent (run again if interrupted)."""
+    object.__setattr__(loader, "worker_init_fn", user_init)
+    object.__setattr__(loader, "multiprocessing_context", user_context)
+    if arming is not None:
+        _registry.disarm(arming)
+
+
+def _half_built_iterator(failure: BaseException) -> Any:
+    """The iterator whose ``__init__`` ``failure`` interrupted (found in its traceback), or None."""
+    tb = failure.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self") if tb.tb_frame.f_code.co_name == "__init__" else None
+        if candidate is not None and _torch_internals.has_workers_to_watch(candidate):
+            return candidate
+        tb = tb.tb_next
+    return None
+
+
+def _stop_workers(iterator: Any, arming: _registry.Arming) -> None:
+    """Stop the workers of a start that failed or was interrupted, as torch's iterator does
+    (``_shutdown_workers``), and the ones it forked but did not keep yet (interrupted between
+    the fork and ``self._workers.append``). Idempotent: run again if interrupted."""
+    if iterator is not None:
+        try:
+            _torch_internals.shutdown_workers(iterator)
+        except Exception:  # an __init__ cut short lacks attributes it reads: killed below
+            pass
+        _torch_internals.forget_worker_pids(iterator)
+    for popen in arming.launches:
+        if popen.pid is None or popen.returncode is not None:
+            continue
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(_KILL_WAIT)
 
 
 class UnarmedWorkersError(RuntimeError):

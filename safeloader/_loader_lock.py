@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
+# A C lock, entered only with ``with _lock`` over a few bytecodes: a signal handler's exception
+# (Ctrl-C) cannot leave it held, as it can a Condition's, whose enter and wait are Python code.
 _lock = threading.Lock()
-_idle = threading.Condition(_lock)
 _released = 0  # sections running with the GIL released
 _forking: dict[int, int] = {}  # thread ident -> forks it is inside (between before and after_in_parent)
 
@@ -36,26 +38,33 @@ def enter_fork() -> None:
     """In a fork's ``before`` phase: wait for sections running with the GIL released,
     then count this thread as forking."""
     me = threading.get_ident()
-    with _idle:
-        while _released:
-            _idle.wait()
-        _forking[me] = _forking.get(me, 0) + 1
+    while True:
+        with _lock:
+            if not _released:
+                _forking[me] = _forking.get(me, 0) + 1
+                return
+        time.sleep(0.0002)  # a section is short: it holds the loader lock
 
 
 def leave_fork() -> None:
     """In the parent, after the fork (``after_in_parent``): this thread is no longer forking."""
     me = threading.get_ident()
-    with _idle:
+    with _lock:
         count = _forking.pop(me, 0) - 1
         if count > 0:
             _forking[me] = count
 
 
+def idle() -> bool:
+    """No thread is counted as inside a fork and no section runs (for tests: nothing outlived a fork)."""
+    with _lock:
+        return not _forking and not _released
+
+
 def reset_in_child() -> None:
     """In the child: the other threads are gone, and with them their sections and forks."""
-    global _lock, _idle, _released, _forking
+    global _lock, _released, _forking
     _lock = threading.Lock()
-    _idle = threading.Condition(_lock)
     _released = 0
     _forking = {}
 
@@ -66,15 +75,15 @@ def section() -> Iterator[bool]:
     (forks starting meanwhile wait for it), False when it must keep the GIL held."""
     global _released
     me = threading.get_ident()
-    with _idle:
-        release = not any(ident != me for ident in _forking)
-        if release:
-            _released += 1
+    counted = False  # set with the count, in straight-line code: an interrupt cannot fall between
     try:
+        with _lock:
+            release = not any(ident != me for ident in _forking)
+            if release:
+                _released += 1
+                counted = True
         yield release
     finally:
-        if release:
-            with _idle:
+        if counted:
+            with _lock:
                 _released -= 1
-                if not _released:
-                    _idle.notify_all()

@@ -12,20 +12,32 @@ Errors are never swallowed. ``os.register_at_fork`` prints and ignores
 exceptions, so they are recorded here and re-raised where they can reach the
 user: in the parent by the loader once its workers are started, in a worker
 by safeloader's ``worker_init_fn`` wrapper through torch's worker-error path.
+
+Interrupts are not errors. A ``KeyboardInterrupt`` (Ctrl-C), any other
+BaseException that is not an Exception, or an exception a Python signal
+handler raised (``is_interrupt``) that lands in the parent while a fork's
+callbacks run cannot leave the fork either: it is deferred (``Arming.interrupt``)
+while the fork completes and every hook's ``after_in_parent`` rolls its state
+back, and the loader raises it, as itself, once its workers are stopped. One
+that lands where no code of ours can catch it (the first instruction of a
+callback, another library's at-fork callback, a ctypes callback) is reported
+to ``sys.unraisablehook`` by CPython: during an armed start that hook is
+ours and defers it too, and the fork left open is closed when the start ends
+(``arm``). No lock, gate or frozen state outlives an interrupted start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import inspect
 import os
+import signal
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, cast
@@ -106,6 +118,14 @@ class Arming:
     """Forks recognised as this loader's DataLoader workers."""
     unrecognised: int = 0
     """Other forks while it started its workers (a torch whose worker loop we do not know)."""
+    interrupt: BaseException | None = None
+    """The first interrupt (``is_interrupt``) that landed in a fork's callbacks: raised by the loader."""
+    launches: list[Any] = field(default_factory=list)
+    """multiprocessing's ``Popen`` of each worker fork recognised, so that a start interrupted
+    before torch kept the Process can still stop the worker (``.pid`` once forked)."""
+    logging_unreleased: int = 0
+    """Interrupts that landed on the first instruction of ``logging``'s at-fork release of its
+    module lock, which therefore stayed held: released when the start ends."""
 
 
 _lock = threading.Lock()
@@ -119,7 +139,7 @@ _next_seq = 0
 _installed = False
 _local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
 _worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
-_child_failures: list[HookError] = []
+_child_failures: list[BaseException] = []
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
 # dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
@@ -167,6 +187,10 @@ def register_at_fork(
     in the parent after it, ``after_in_child`` in the new worker before torch's
     worker loop starts. ``after_*`` run in ``hooks()`` order (higher
     ``priority`` first, then registration order); ``before`` in the reverse.
+    An interrupt (Ctrl-C) landing in ``before`` does not stop the fork:
+    ``after_in_parent`` still runs, so it must undo a ``before`` that did not
+    finish; one landing in ``after_in_parent`` runs it again, so it must be
+    idempotent. The interrupt then reaches the caller as itself.
 
     ``name`` defaults to the first callback's qualified name; registering a
     taken name raises ``RegistrationError`` unless ``replace=True``.
@@ -290,18 +314,39 @@ def check_hook_names(names: Iterable[str]) -> None:
         raise ValueError(f"disable_hooks must name registered hooks ({registered}), got unknown {unknown}")
 
 
-@contextlib.contextmanager
-def arm(loader: Any, options: Options, watch: Any = None) -> Iterator[Arming]:
-    """Arm the worker forks this thread makes inside the block as ``loader``'s, run with ``options``.
+def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
+    """Arm the worker forks this thread makes, until ``disarm``, as ``loader``'s, run with ``options``.
 
-    The yielded ``Arming`` collects the hooks' errors and counts the forks recognised.
+    The returned ``Arming`` collects the hooks' errors and interrupts and counts the forks
+    recognised. On the main thread (the only one Python signal handlers run on), interrupts
+    CPython would only report to ``sys.unraisablehook`` are deferred into it too.
     """
+    global _previous_unraisablehook
     arming = Arming(loader, options, watch)
     _local.arming = arming
-    try:
-        yield arming
-    finally:
+    if threading.current_thread() is threading.main_thread() and sys.unraisablehook is not _on_unraisable:
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _on_unraisable
+    return arming
+
+
+def disarm(arming: Arming) -> None:
+    """End the start ``arm`` began: close a fork whose ``after_in_parent`` an interrupt cut short
+    (its hooks' rollback, the fork guard), give back a lock ``logging`` left held, disarm.
+
+    Idempotent, so that a caller can run it again when an interrupt cut it short.
+    """
+    if _fork_left_open():
+        _close_fork(arming)
+    while arming.logging_unreleased:
+        logging_lock = getattr(sys.modules.get("logging"), "_lock", None)
+        if logging_lock is not None and logging_lock._is_owned():
+            logging_lock.release()
+        arming.logging_unreleased -= 1
+    if getattr(_local, "arming", None) is arming:
         _local.arming = None
+    if sys.unraisablehook is _on_unraisable and threading.current_thread() is threading.main_thread():
+        sys.unraisablehook = _previous_unraisablehook
 
 
 def armed() -> Arming | None:
@@ -359,8 +404,8 @@ def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, 
     return int(arguments["worker_id"]), int(arguments["num_workers"])
 
 
-def _launching_worker() -> tuple[int, int] | None:
-    """(worker_id, num_workers) if this fork launches a DataLoader worker.
+def _launching_worker() -> tuple[int, int, Any] | None:
+    """(worker_id, num_workers, multiprocessing's Popen) if this fork launches a DataLoader worker.
 
     multiprocessing forks from ``Popen._launch(self, process_obj)``; the
     Process still holds its target and arguments there. That frame is a few
@@ -378,7 +423,7 @@ def _launching_worker() -> tuple[int, int] | None:
             if signature is None:
                 return None
             try:
-                return _worker_arguments(process, signature)
+                return (*_worker_arguments(process, signature), frame.f_locals.get("self"))
             except (TypeError, KeyError, ValueError):
                 return None
         frame = frame.f_back
@@ -397,32 +442,129 @@ def _context_for_this_fork() -> ForkContext | None:
     if arming is None:  # install() is on, but the loader's iterator is not ours to wrap
         return ForkContext(worker[0], worker[1], get_options())
     arming.recognised += 1
+    if worker[2] is not None:
+        arming.launches.append(worker[2])
     return ForkContext(worker[0], worker[1], arming.options, arming.loader, arming.watch, _carrier=True)
 
 
 # -- dispatch ------------------------------------------------------------------
 
 
-def _run_phase(phase: str, context: ForkContext | None) -> list[HookError]:
+def _run_phase(phase: str, context: ForkContext | None, interrupts: list[BaseException]) -> list[HookError]:
+    """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
+    (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
+    ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
+    runs again (it rolls back its ``before``: it must complete)."""
     errors = []
     for hook in _by_phase[phase]:
         callback = getattr(hook, phase)
         if not hook._runs_for(context):
             continue
-        try:
-            callback()
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt too: never skip later hooks
-            where = f" in DataLoader worker {context.worker_id}" if context and phase == "after_in_child" else ""
-            error = HookError(
-                f"safeloader fork hook {hook.name!r} failed in phase {phase!r}{where}: "
-                f"{type(exc).__name__}: {exc}{out_of_descriptors_hint(exc)}",
-                hook=hook.name,
-                phase=phase,
-                worker_id=context.worker_id if context else None,
-            )
-            error.__cause__ = exc
-            errors.append(error)
+        for _attempt in range(3 if phase == "after_in_parent" else 1):
+            try:
+                callback()
+                break
+            except BaseException as exc:  # SystemExit/KeyboardInterrupt too: never skip later hooks
+                if is_interrupt(exc, in_worker=phase == "after_in_child"):
+                    interrupts.append(exc)
+                    continue
+                where = f" in DataLoader worker {context.worker_id}" if context and phase == "after_in_child" else ""
+                error = HookError(
+                    f"safeloader fork hook {hook.name!r} failed in phase {phase!r}{where}: "
+                    f"{type(exc).__name__}: {exc}{out_of_descriptors_hint(exc)}",
+                    hook=hook.name,
+                    phase=phase,
+                    worker_id=context.worker_id if context else None,
+                )
+                error.__cause__ = exc
+                errors.append(error)
+                break
     return errors
+
+
+def is_interrupt(exc: BaseException, *, in_worker: bool = False) -> bool:
+    """Whether ``exc`` interrupts rather than fails: a BaseException that is not an Exception
+    (KeyboardInterrupt, SystemExit...), or one raised by a Python signal handler (its frame is in
+    the traceback). It reaches the user as itself, never as a HookError. In a worker, a hook's
+    SystemExit stays a hook failure; Ctrl-C to the process group is an interrupt there too."""
+    if isinstance(exc, KeyboardInterrupt) or not (in_worker or isinstance(exc, Exception)):
+        return True
+    return _raised_by_signal_handler(exc)
+
+
+_handler_codes: frozenset[Any] = frozenset()  # the code of each Python signal handler, when last looked up
+
+
+def _raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether a Python signal handler's frame is in ``exc``'s traceback. Fast while the
+    handlers are those of the last look-up: an interrupt storm must find its way out quickly."""
+    global _handler_codes
+    if exc.__traceback__ is None:
+        return False
+    if _in_traceback(exc, _handler_codes):
+        return True
+    codes = set()
+    for signum in range(1, signal.NSIG):  # not signal.valid_signals(): enum conversions, 100 times slower
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        if not callable(handler):
+            continue  # SIG_DFL, SIG_IGN, or a handler installed outside Python
+        function = getattr(handler, "__func__", handler)  # a bound method's function
+        code = getattr(function, "__code__", None)
+        if code is None:  # a callable object: its __call__
+            call = type(handler).__dict__.get("__call__")  # (a class defining it)
+            code = getattr(getattr(call, "__func__", call), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    _handler_codes = frozenset(codes)
+    return _in_traceback(exc, _handler_codes)
+
+
+def _in_traceback(exc: BaseException, codes: frozenset[Any]) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _defer(arming: Arming, exc: BaseException) -> None:
+    if arming.interrupt is None:
+        arming.interrupt = exc
+
+
+_LOGGING_RELEASE = ("logging", "_releaseLock")  # logging's after_in_parent at-fork callback
+_previous_unraisablehook: Callable[[Any], object] = sys.unraisablehook
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook`` during a loader start on the main thread.
+
+    CPython reports here, then drops, an exception it cannot raise: one raised by an at-fork
+    callback (os.register_at_fork's: a signal handler's exception landing on a callback's first
+    instruction, before its ``try``), a ctypes callback or a ``__del__``. An interrupt reported
+    while this thread starts a loader is deferred to the loader, which raises it as itself.
+    """
+    arming = getattr(_local, "arming", None)
+    exc = unraisable.exc_value
+    if arming is not None and exc is not None:
+        try:
+            interrupt = is_interrupt(exc)
+        except BaseException:  # another interrupt landed here: this one is an interrupt too
+            interrupt = True
+        if interrupt:
+            if arming.interrupt is None:
+                arming.interrupt = exc
+            callback = unraisable.object
+            if callback is _on_before:
+                _local.parent_failed = True  # `before` did not run: the worker runs no hook (it is stopped)
+            elif (getattr(callback, "__module__", None), getattr(callback, "__name__", None)) == _LOGGING_RELEASE:
+                arming.logging_unreleased += 1  # cut short before it released logging's lock: disarm does
+            return
+    _previous_unraisablehook(unraisable)
 
 
 def out_of_descriptors_hint(exc: BaseException) -> str:
@@ -435,7 +577,7 @@ def out_of_descriptors_hint(exc: BaseException) -> str:
     return ""
 
 
-def _report_unarmed(errors: list[HookError]) -> None:
+def _report_unarmed(errors: Sequence[BaseException]) -> None:
     # A fork we cannot fail (user os.fork, a foreign loader): the exception is
     # raised into os.register_at_fork, which prints it with its traceback.
     if errors:
@@ -498,38 +640,78 @@ def _wait_for_imports_in_other_threads() -> None:
 
 
 def _on_before() -> None:
-    _loader_lock.enter_fork()  # left in _on_after_in_parent; reset in the child
-    context = _context_for_this_fork()
-    _local.pending = context
-    if context is not None:
-        # Before the hooks, so that none holds anything while this waits (the pin-memory
-        # gate, the frozen gc, the watchdog's clock for this worker)...
-        _wait_for_imports_in_other_threads()
-    errors = _run_phase("before", context)
-    if context is not None:
-        _wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
     arming = armed()
-    if context is not None and context._carrier and arming is not None:
-        arming.errors.extend(errors)
-        _local.parent_failed = bool(errors)
-    else:
-        _report_unarmed(errors)
+    try:
+        if _fork_left_open():
+            _close_fork(arming)  # the last fork's after_in_parent was cut short on its first instruction
+        _local.fork_open = True
+        _local.fork_entered = True  # before entering: leaving a fork not entered is harmless
+        _loader_lock.enter_fork()  # left when the fork is closed (_close_fork); reset in the child
+        context = _context_for_this_fork()
+        _local.pending = context
+        if context is not None:
+            # Before the hooks, so that none holds anything while this waits (the pin-memory
+            # gate, the frozen gc, the watchdog's clock for this worker)...
+            _wait_for_imports_in_other_threads()
+        interrupts: list[BaseException] = []
+        errors = _run_phase("before", context, interrupts)
+        if context is not None:
+            _wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
+        if context is not None and context._carrier and arming is not None:
+            arming.errors.extend(errors)
+            _local.parent_failed = bool(errors)
+        if interrupts:
+            raise interrupts[0]
+        if not (context is not None and context._carrier and arming is not None):
+            _report_unarmed(errors)
+    except BaseException as exc:
+        if arming is None or not is_interrupt(exc):
+            raise
+        _defer(arming, exc)
+        _local.parent_failed = True  # the worker runs no hook: the loader stops it
 
 
 def _on_after_in_parent() -> None:
+    arming = armed()
+    try:
+        _close_fork(arming)
+    except BaseException as exc:
+        if arming is None or not is_interrupt(exc):
+            raise
+        _defer(arming, exc)
+        _close_fork(arming)  # finish the rollback (idempotent)
+
+
+def _fork_left_open() -> bool:
+    """Whether this thread's last fork still has hooks to roll back or is still counted as forking."""
+    return getattr(_local, "fork_open", False) or getattr(_local, "fork_entered", False)
+
+
+def _close_fork(arming: Arming | None) -> None:
+    """The parent's side of the end of a fork: every hook's after_in_parent, then _loader_lock's count.
+    Idempotent: an interrupt that cut it short, or skipped it, is made up for by running it again."""
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
+    interrupts: list[BaseException] = []
     try:
-        errors = _run_phase("after_in_parent", context)
+        if getattr(_local, "fork_open", False):
+            errors = _run_phase("after_in_parent", context, interrupts)
+            _local.fork_open = False
+            if context is not None and context._carrier and arming is not None:
+                arming.errors.extend(errors)
+            elif errors:
+                interrupts.append(errors[0])  # raised below, for os.register_at_fork to print
     finally:
         _local.pending = _NO_FORK
         _local.parent_failed = False
-        _loader_lock.leave_fork()
-    arming = armed()
-    if context is not None and context._carrier and arming is not None:
-        arming.errors.extend(errors)
-    else:
-        _report_unarmed(errors)
+        if getattr(_local, "fork_entered", False):
+            _loader_lock.leave_fork()  # then unmarked: cut short between the two, a second leave is harmless
+            _local.fork_entered = False
+    if interrupts:
+        if arming is not None and is_interrupt(interrupts[0]):
+            _defer(arming, interrupts[0])
+        else:
+            raise interrupts[0]
 
 
 def _on_after_in_child() -> None:
@@ -539,17 +721,22 @@ def _on_after_in_child() -> None:
     context = None if context is _NO_FORK else context
     _local.pending = _NO_FORK
     _local.arming = None  # the child is not starting workers
+    _local.fork_open = _local.fork_entered = False  # the parent closes its fork; _loader_lock is new
     _child_failures.clear()
     _worker_context = context
     _parent_failed_fork = bool(getattr(_local, "parent_failed", False))
     if _parent_failed_fork:
         return  # the parent raises and shuts this worker down; run nothing here
-    errors = _run_phase("after_in_child", context)
-    if not errors:
+    interrupts: list[BaseException] = []
+    errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts))
+    if not errors and not interrupts:
         return
     if context is not None and context._carrier:
-        _child_failures.extend(errors)  # raised by WorkerInit through torch's error path
+        # Raised by WorkerInit through torch's error path; an interrupt (Ctrl-C to the process
+        # group) as itself, first: torch's worker loop ends quietly on a KeyboardInterrupt.
+        _child_failures.extend(interrupts + errors)
         return
+    errors = interrupts + errors
     if context is None:
         _report_unarmed(errors)
         return

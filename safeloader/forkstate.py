@@ -383,6 +383,16 @@ def record() -> ForkState:
     return _recorded
 
 
+def forget() -> None:
+    """Drop what ``record`` reuses from one fork to the next: after a start an interrupt cut
+    short, which may have cut a ctypes callback of the library walk short too (ctypes drops the
+    exception: the walk goes on, and its list would miss objects)."""
+    global _loader_forks
+    _loader_forks = None
+    if _linker is not None:
+        _linker._loaded = (None, ())
+
+
 def parent_state() -> ForkState | None:
     """In a DataLoader worker: the parent's state just before it forked this worker.
 

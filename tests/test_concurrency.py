@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import safeloader
-from safeloader import DataLoader, HookError, RegistrationError
+from safeloader import DataLoader, RegistrationError
 
 from .subproc import check_script, run_python, run_script
 
@@ -66,10 +66,9 @@ def test_base_exception_in_a_parent_hook_reaches_the_user_and_later_hooks_still_
     first, second = (1, 0) if phase != "before" else (0, 1)
     safeloader.register_at_fork(**{phase: raising}, name="raising", priority=first)
     safeloader.register_at_fork(**{phase: later}, name="later", priority=second)
-    with pytest.raises(HookError) as info:
+    # As itself, not a HookError: code catching KeyboardInterrupt (to save a checkpoint) must see it.
+    with pytest.raises({"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[exception]):
         list(DataLoader(list(range(4)), num_workers=1))
-    assert info.value.hook == "raising" and info.value.phase == phase
-    assert type(info.value.__cause__).__name__ == exception
     assert ran.read_text() == "yes"
 
 

@@ -36,15 +36,17 @@ def _before() -> None:
     context = fork_context()
     if context is None or not context.options.freeze_gc or gc.get_freeze_count() > 0:
         return
-    gc.freeze()
+    # Marked before freezing: an interrupt (Ctrl-C) landing between the two must not leave the
+    # heap frozen with no mark (after_in_parent then unfreezes; unfreezing nothing is harmless).
     _frozen_here = True
+    gc.freeze()
 
 
 def _after_in_parent() -> None:
     global _frozen_here
     if _frozen_here:
+        gc.unfreeze()  # then unmarked: interrupted between the two, it runs again (harmlessly)
         _frozen_here = False
-        gc.unfreeze()
 
 
 def _after_in_child() -> None:

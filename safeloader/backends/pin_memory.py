@@ -43,7 +43,11 @@ class _Gate:
     """Counts threads inside pin_memory(); a fork closes it and waits for zero."""
 
     def __init__(self) -> None:
-        self.condition = threading.Condition(threading.Lock())
+        # Held with `with self.lock`, never `with self.condition`: Condition.__enter__ is Python
+        # code, where Ctrl-C landing after the acquire leaves the lock held for good (every later
+        # fork and pin call would wait on it); a C lock's `with` cannot be cut between the two.
+        self.lock = threading.Lock()
+        self.condition = threading.Condition(self.lock)
         self.inside = 0
         # Forks under way, per forking thread (ident -> count): two loaders may
         # start workers from two threads at once; the gate opens when both are done.
@@ -62,7 +66,7 @@ class _Gate:
         depth = getattr(self.local, "depth", 0)
         if depth == 0:
             me = threading.get_ident()
-            with self.condition:
+            with self.lock:
                 while self._held_for(me):
                     self._wait()
                 self.inside += 1
@@ -73,7 +77,7 @@ class _Gate:
         self.local.depth -= 1
         if not counted:
             return
-        with self.condition:
+        with self.lock:
             self.inside -= 1
             if self.inside == 0 and self.waiting:
                 self.condition.notify_all()
@@ -82,7 +86,7 @@ class _Gate:
         """Stop new calls and wait for those in progress; False if they outlast ``timeout``.
         Each close must be followed by one ``open()`` from the same thread."""
         me = threading.get_ident()
-        with self.condition:
+        with self.lock:
             self.closers[me] = self.closers.get(me, 0) + 1
             mine = getattr(self.local, "depth", 0) > 0  # never wait for ourselves
             if self.inside <= int(mine):
@@ -96,7 +100,7 @@ class _Gate:
     def open(self) -> None:
         """Undo this thread's last ``close()``; a no-op for a thread that did not close."""
         me = threading.get_ident()
-        with self.condition:
+        with self.lock:
             count = self.closers.get(me, 0)
             if count == 0:
                 return
