@@ -90,6 +90,7 @@ for _ in range(6):
     del iterator
 span = statistics.median(durations[2:])  # after the first starts' warm-up
 
+faulthandler.dump_traceback_later(100, exit=True)  # a hung storm shows where it waits (deadline: 120 s)
 outcomes = collections.Counter()
 interrupted = lost = 0
 other = ""
