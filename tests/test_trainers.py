@@ -333,6 +333,9 @@ LOADER_CASES = {
 }
 
 
+# Spawned workers import torch: on a loaded machine (CI runs two legs side by side) the
+# spawn case's five loader starts take over a minute.
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", LOADER_CASES)
 def test_loader_pickles_where_torch_does(case):
     kwargs = LOADER_CASES[case]
