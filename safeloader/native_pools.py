@@ -38,6 +38,7 @@ _runtimes: dict[str, tuple[str, ...]] = {}
 # for the sys.modules it was built from: rebuilt only after an import, with no file system
 # access; only the few paths sharing a library's file name are resolved (``realpath``).
 _extension_modules: tuple[tuple[int, str, object], dict[str, list[tuple[str, str]]]] | None = None
+_indexed: tuple[int, str] = (0, "")  # how many modules the index has read, and the last one's name
 _realpaths: dict[str, str] = {}
 
 
@@ -70,16 +71,25 @@ def runtimes_in_symbols(symbols: list[str]) -> tuple[str, ...]:
 
 
 def _modules_by_file_name() -> dict[str, list[tuple[str, str]]]:
-    global _extension_modules
+    """Brought up to date after imports by reading only the modules added since (``sys.modules``
+    keeps insertion order); read whole again when one was removed."""
+    global _extension_modules, _indexed
     state = modules_state()
-    if _extension_modules is None or _extension_modules[0] != state:
-        by_name: dict[str, list[tuple[str, str]]] = {}
-        for name, module in list(sys.modules.items()):
-            file = getattr(module, "__file__", None)
-            if isinstance(file, str) and file.endswith(".so"):
-                by_name.setdefault(os.path.basename(file), []).append((file, name))
-        _extension_modules = (state, by_name)
-    return _extension_modules[1]
+    if _extension_modules is not None and _extension_modules[0] == state:
+        return _extension_modules[1]
+    items = list(sys.modules.items())
+    count, last = _indexed
+    if _extension_modules is not None and 0 < count <= len(items) and items[count - 1][0] == last:
+        by_name, new = _extension_modules[1], items[count:]
+    else:
+        by_name, new = {}, items
+    for name, module in new:
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".so"):
+            by_name.setdefault(os.path.basename(file), []).append((file, name))
+    _extension_modules = (state, by_name)
+    _indexed = (len(items), items[-1][0] if items else "")
+    return by_name
 
 
 def extension_modules(path: str) -> list[str]:
