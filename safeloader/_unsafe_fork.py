@@ -41,6 +41,11 @@ class UnsafeForkWarning(RuntimeWarning):
     """Workers are forked from a parent holding a pool that no safeloader backend resets."""
 
 
+# Thread pools of libraries other backends handle (BLAS and OpenMP runtimes: "threadpools",
+# below; torch's own pools: "torch"): a thread waiting in one is attributed without a look at
+# the imported modules.
+_HANDLED_POOLS = ("libgomp", "libomp", "libiomp", "libopenblas", "libscipy_openblas", "libmkl", "libtorch", "libc10")
+
 _lock = threading.Lock()
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _owners: list[str] = []  # packages owning the pools last found: preloaded by the forkserver
@@ -71,7 +76,7 @@ def hazards(options: Options) -> list[str]:
     with _lock:
         _owners.clear()
         for library, count in sorted(_live_libraries().items()):
-            if not native_pools.extension_modules(library):
+            if os.path.basename(library).startswith(_HANDLED_POOLS) or not native_pools.extension_modules(library):
                 continue  # not a Python extension's own object: BLAS, OpenMP, torch's pools (backends, below)
             package = native_pools.owner(library)
             if _backend_active(package, options):
