@@ -212,3 +212,37 @@ def check_script(
 ) -> Result:
     """Like ``run_script``, but a timeout or a non-zero exit fails the test with the child's output."""
     return _checked(run_script(script, *args, timeout=timeout, env=env, cwd=cwd))
+
+
+def run_stopped(script: str, *args: object, marker: str, delay: float, seconds: float) -> tuple[int | None, str]:
+    """Run the script ``script``; once it printed ``marker`` and ``delay`` more seconds passed, stop
+    its whole process group (as Ctrl-Z does) for ``seconds``, continue it, and give it 60 s to end.
+    Returns (its exit code, or None if it did not end; everything it printed)."""
+    command, env = script_command(script, *args)
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and child.poll() is None:
+                out.seek(0)
+                if marker in out.read():
+                    break
+                time.sleep(0.05)
+            time.sleep(delay)
+            os.killpg(child.pid, signal.SIGSTOP)
+            time.sleep(seconds)
+            os.killpg(child.pid, signal.SIGCONT)
+            try:
+                code: int | None = child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+        out.seek(0)
+        return code, out.read()

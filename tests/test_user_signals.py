@@ -8,15 +8,10 @@ tests/children/fork_in_other_thread.py), under torch's DataLoader beside safeloa
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import tempfile
-import time
 
 import pytest
 
-from .subproc import run_script, script_command
+from .subproc import run_script, run_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,33 +58,7 @@ def test_torch_hangs_on_the_stall_case():
 def _stopped_mid_second_epoch(loader: str, seconds: float) -> dict:
     """Run the ``sigcont`` case; stop its process group (as Ctrl-Z does) for ``seconds`` one second
     into the second epoch, then continue it."""
-    command, env = script_command("user_signals.py", loader, "sigcont")
-    with tempfile.TemporaryFile("w+") as out:
-        child = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)
-        try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and child.poll() is None:
-                out.seek(0)
-                if "epoch2" in out.read():
-                    break
-                time.sleep(0.05)
-            time.sleep(1.0)  # workers busy mid-epoch
-            os.killpg(child.pid, signal.SIGSTOP)
-            time.sleep(seconds)
-            os.killpg(child.pid, signal.SIGCONT)
-            try:
-                code: int | None = child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                code = None
-        finally:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.wait()
-        out.seek(0)
-        output = out.read()
+    code, output = run_stopped("user_signals.py", loader, "sigcont", marker="epoch2", delay=1.0, seconds=seconds)
     assert code == 0, f"{loader}: exit {code}\n{output}"
     return json.loads(output.strip().splitlines()[-1])
 

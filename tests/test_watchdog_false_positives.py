@@ -4,15 +4,9 @@ with Ctrl-Z/SIGSTOP for longer than stall_timeout, a batched ``__getitems__``, a
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import tempfile
-import time
-
 import pytest
 
-from .subproc import check_script, run_script, script_command
+from .subproc import check_script, run_script, run_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -20,39 +14,7 @@ pytestmark = pytest.mark.timeout(240)
 def _stopped_for(loader: str, seconds: float) -> tuple[int | None, str]:
     """Run children/slow_items.py, stop its whole process group (as Ctrl-Z does) for ``seconds``
     mid-epoch, continue it."""
-    command, env = script_command("slow_items.py", loader)
-    with tempfile.TemporaryFile("w+") as out:
-        child = subprocess.Popen(
-            command,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                out.seek(0)
-                if "started" in out.read():
-                    break
-                time.sleep(0.05)
-            time.sleep(3.0)  # torch imported, workers busy mid-epoch
-            os.killpg(child.pid, signal.SIGSTOP)
-            time.sleep(seconds)
-            os.killpg(child.pid, signal.SIGCONT)
-            try:
-                code: int | None = child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                code = None
-        finally:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.wait()
-        out.seek(0)
-        return code, out.read()
+    return run_stopped("slow_items.py", loader, marker="started", delay=3.0, seconds=seconds)  # workers busy
 
 
 @pytest.mark.parametrize("loader", ["torch", "safeloader", "safeloader-again", "safeloader-third"])
