@@ -13,6 +13,7 @@ kept per thread.
 from __future__ import annotations
 
 import os
+import struct
 from bisect import bisect_right
 
 __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
@@ -20,6 +21,7 @@ __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
 # Objects a pool's thread waits *through*, not the pool's owner.
 SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
 _STACK_BYTES = 16384  # the innermost frames: a wait is a few calls below its owner's code
+_POINTER = struct.calcsize("P")
 
 
 class _Segments:
@@ -59,8 +61,7 @@ class _Segments:
 
 
 _segments: _Segments | None = None
-_memory: tuple[int, int] | None = None  # (pid, descriptor of /proc/self/mem): a forked child opens its own
-_owners: dict[tuple[int, str], str] = {}  # (tid, name) -> the object it waits for
+_owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it waits for)
 
 
 def _is_system(path: str) -> bool:
@@ -68,12 +69,17 @@ def _is_system(path: str) -> bool:
     return not path or any(base.startswith(prefix) for prefix in SYSTEM_LIBRARIES)
 
 
-def _memory_fd() -> int:
-    global _memory, _owners
-    if _memory is None or _memory[0] != os.getpid():
-        _memory = (os.getpid(), os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC))
-        _owners = {}  # thread ids of another process
-    return _memory[1]
+def _stack_words(stack: int) -> bytes:
+    """Up to ``_STACK_BYTES`` of this process's memory from ``stack`` up (less where the mapping
+    ends); the descriptor is not kept (a forked worker would inherit it, naming its parent)."""
+    fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            return os.pread(fd, _STACK_BYTES, stack)
+        except OSError:  # the stack ends within the range
+            return os.pread(fd, 4096 - stack % 4096, stack)
+    finally:
+        os.close(fd)
 
 
 def library_of(tid: int) -> str | None:
@@ -98,36 +104,29 @@ def library_of(tid: int) -> str | None:
     if where is not None and not _is_system(where):
         return where
     try:
-        words = os.pread(_memory_fd(), _STACK_BYTES, stack)
-    except OSError:  # the stack ended within the range, or the thread exited
-        try:
-            words = os.pread(_memory_fd(), 4096 - stack % 4096, stack)
-        except OSError:
-            return None
-    for (word,) in _words(words):
+        data = _stack_words(stack)
+    except OSError:  # the thread exited meanwhile
+        return None
+    for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
         name = _segments.name_at(word)
         if name is not None and not _is_system(name):
             return name
     return None
 
 
-def _words(data: bytes):
-    import struct
-
-    return struct.iter_unpack("<Q", data[: len(data) - len(data) % 8])
-
-
 def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
     """``library_of`` for each (tid, kernel name) of ``threads``, kept once found (a thread
     keeps its owner; one running now is asked again next time)."""
-    _memory_fd()  # resets the answers in a forked child
+    global _owners
+    if _owners[0] != os.getpid():  # a forked child: thread ids of another process
+        _owners = (os.getpid(), {})
+    known = _owners[1]
     found = {}
     for tid, name in threads:
-        key = (tid, name)
-        library = _owners.get(key)
+        library = known.get((tid, name))
         if library is None:
             library = library_of(tid)
             if library is not None:
-                _owners[key] = library
+                known[(tid, name)] = library
         found[tid] = library
     return found
