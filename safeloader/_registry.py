@@ -35,14 +35,12 @@ import os
 import signal
 import sys
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, cast
 
-from . import _loader_lock, _torch_internals
+from . import _import_locks, _loader_lock, _torch_internals
 from ._options import Options, get_options
 from .errors import HookError, RegistrationError
 
@@ -584,61 +582,6 @@ def _report_unarmed(errors: Sequence[BaseException]) -> None:
         raise errors[0]
 
 
-# How long a worker fork waits for imports running in other threads (see below).
-IMPORT_WAIT_SECONDS = 5.0
-# Import locks a fork already waited IMPORT_WAIT_SECONDS for: later forks do not wait
-# for them again (a thread stuck in an import must not cost every worker 5 s).
-_outlasted_imports: weakref.WeakSet[Any] = weakref.WeakSet()
-# CPython's import locks in progress: module name -> weakref to a _ModuleLock (.owner: a thread
-# id or None). Looked up once; {} where the interpreter has none (nothing known to wait for).
-_MODULE_LOCKS: dict[str, Any] = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
-
-
-def _wait_for_imports_in_other_threads() -> None:
-    """Before a worker fork: let the imports other threads are running finish.
-
-    A module another thread is importing at the fork is copied half-imported
-    into the worker, with its import lock held by a thread that does not exist
-    there: the worker's first import of it waits forever (seen: a thread
-    receiving a batch imports ``hmac`` for multiprocessing's handshake while
-    another thread forks workers, whose numpy seeding imports ``hmac`` too).
-    Waits at most ``IMPORT_WAIT_SECONDS`` per import, then forks with a warning
-    naming the module.
-    """
-    locks = _MODULE_LOCKS
-    if not locks:  # no import running anywhere (or nothing known to wait for)
-        return
-    me = threading.get_ident()
-    deadline = None
-    while True:
-        busy = []
-        for ref in list(locks.values()):
-            lock = ref() if callable(ref) else None
-            owner = getattr(lock, "owner", None)
-            if owner is not None and owner != me and lock not in _outlasted_imports:
-                busy.append(lock)
-        if not busy:
-            return
-        now = time.monotonic()
-        if deadline is None:
-            deadline = now + IMPORT_WAIT_SECONDS
-        elif now > deadline:
-            break
-        time.sleep(0.001)
-    names = ", ".join(sorted(str(getattr(lock, "name", "?")) for lock in busy))
-    for lock in busy:
-        _outlasted_imports.add(lock)
-    import warnings
-
-    warnings.warn(
-        f"safeloader: another thread has been importing {names} for more than {IMPORT_WAIT_SECONDS:g} s; "
-        "forking the DataLoader worker anyway (a worker that imports it will wait forever: import it "
-        "before starting the loader)",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-
-
 def _on_before() -> None:
     arming = armed()
     try:
@@ -652,11 +595,11 @@ def _on_before() -> None:
         if context is not None:
             # Before the hooks, so that none holds anything while this waits (the pin-memory
             # gate, the frozen gc, the watchdog's clock for this worker)...
-            _wait_for_imports_in_other_threads()
+            _import_locks.wait_for_imports_in_other_threads()
         interrupts: list[BaseException] = []
         errors = _run_phase("before", context, interrupts)
         if context is not None:
-            _wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
+            _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
             arming.errors.extend(errors)
             _local.parent_failed = bool(errors)
@@ -725,6 +668,8 @@ def _on_after_in_child() -> None:
     _child_failures.clear()
     _worker_context = context
     _parent_failed_fork = bool(getattr(_local, "parent_failed", False))
+    if context is not None:
+        _import_locks.forget_imports_of_other_threads()  # before anything here imports
     if _parent_failed_fork:
         return  # the parent raises and shuts this worker down; run nothing here
     interrupts: list[BaseException] = []

@@ -11,11 +11,23 @@ import pytest
 
 import safeloader
 
+from . import subproc
+
 
 def _is_multiprocessing_service(process: psutil.Process) -> bool:
     """multiprocessing's resource tracker and forkserver live as long as the test process."""
     command = " ".join(process.cmdline())
     return "multiprocessing.resource_tracker" in command or "multiprocessing.forkserver" in command
+
+
+@pytest.fixture(autouse=True)
+def subprocess_deadline(request):
+    """Children run by tests/subproc.py end before the test's own pytest-timeout does."""
+    marker = request.node.get_closest_marker("timeout")
+    seconds = marker.args[0] if marker is not None and marker.args else request.config.getini("timeout")
+    subproc.test_deadline = time.monotonic() + float(seconds) if seconds else None
+    yield
+    subproc.test_deadline = None
 
 
 @pytest.fixture(autouse=True)

@@ -57,6 +57,19 @@ HANG_TICKS = 10
 
 _POLL = 0.25
 
+test_deadline: float | None = None
+"""When the running test's own timeout (pytest-timeout) fires, on ``time.monotonic()``'s clock; set by
+conftest. A child's deadline is kept a few seconds inside it, so that a hung child fails the test
+here, with its output and its process group killed, rather than in pytest-timeout's dump."""
+
+_DEADLINE_MARGIN = 5.0
+
+
+def _within_test_deadline(timeout: float) -> float:
+    if test_deadline is None:
+        return timeout
+    return max(1.0, min(timeout, test_deadline - _DEADLINE_MARGIN - time.monotonic()))
+
 
 def _tree_state(root: int) -> tuple[dict[int, tuple[str, str]], int] | None:
     """Each process's main thread (pid -> (state, kernel wait channel)) and the CPU
@@ -133,6 +146,7 @@ def _run(
     child leaves in its process group is killed when it ends.
     """
     child_env = {**os.environ, **(env or {})}
+    timeout = _within_test_deadline(timeout)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(
             command,

@@ -146,12 +146,13 @@ def test_h5py_objects_pickle_as_before_outside_a_safeloader_start(tmp_path):
 # -- spawn and forkserver -----------------------------------------------------------
 
 
+@pytest.mark.timeout(150)  # six spawn/forkserver worker starts, each importing torch: 60-110 s under CI's load
 def test_same_dataset_works_under_forkserver_and_spawn(tmp_path):
     h5 = tmp_path / "data.h5"
     data = write_h5(h5, count=MEMBERS)
     _, npz, _ = write_archives(tmp_path)
     records, _, _ = write_records(tmp_path, count=MEMBERS)
-    out = check_script("h5py_spawn_and_forkserver.py", h5, npz, records, timeout=110).stdout
+    out = check_script("h5py_spawn_and_forkserver.py", h5, npz, records, timeout=140).stdout
     assert "TORCH TypeError h5py objects cannot be pickled" in out, out
     assert f"OK forkserver {MEMBERS}" in out and f"OK spawn {MEMBERS}" in out, out
     moved = next(line for line in out.splitlines() if line.startswith("MOVED"))
