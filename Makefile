@@ -23,10 +23,12 @@ PYTHON_LATEST ?= $(shell scripts/find-python313)
 VENV_LATEST := .venv-latest
 PY_LATEST := $(VENV_LATEST)/bin/python
 
+# --no-compile: a module is compiled when first imported; compiling every installed module up front
+# (torch, ray, lightning...: about 18000 files) costs CPU that the tests need.
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench,docs]'
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[test,bench,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -36,7 +38,7 @@ $(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
 	rm -rf $(VENV_LATEST)
 	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
 	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench,docs]'
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --no-compile --upgrade -e '.[test,bench,docs]'
 	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
 	touch $@
 

@@ -26,7 +26,7 @@ from ._registry import (
     register_at_fork,
     unregister,
 )
-from .errors import HookError, RegistrationError
+from .errors import HookError, RegistrationError, UnsafeForkError
 from .native import NATIVE
 
 __version__ = "0.1.0"
@@ -91,6 +91,7 @@ __all__ = [
     "Options",
     "RegistrationError",
     "SafeDataLoader",
+    "UnsafeForkError",
     "UnsafeForkWarning",
     "WorkerStallError",
     "configure",

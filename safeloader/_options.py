@@ -16,7 +16,7 @@ from dataclasses import dataclass
 ZARRS_MODES = ("pool", "serial", "python")
 MAX_THREAD_BUDGET = 1024
 """A bound far above any machine's cores: a larger thread_budget is a mistake, not a setting."""
-UNSAFE_FORK_POLICIES = ("warn", "forkserver", "ignore")
+UNSAFE_FORK_POLICIES = ("auto", "raise", "forkserver", "warn", "ignore")
 
 
 def available_cores() -> int:
@@ -50,11 +50,14 @@ class Options:
     a worker's start and first item get twice as long (``watchdog.FIRST_ITEM_FACTOR``)."""
     disable_hooks: frozenset[str] = frozenset()
     """Names of hooks (built-in backends included) not to run."""
-    on_unsafe_fork: str = "warn"
-    """What a loader that would fork does when the parent holds a pool no backend resets (a live rayon
-    or tokio pool of a library without a backend; GNU OpenMP with "threadpools" off): "warn" (fork,
-    with an ``UnsafeForkWarning`` naming the library), "forkserver" (start those workers with
-    forkserver, preloaded with torch and the Dataset's module) or "ignore" (fork, silently)."""
+    on_unsafe_fork: str = "auto"
+    """What a loader that would fork does when the parent holds live native threads that no backend
+    resets and that are not known to survive fork (any library's pool: ``native_libraries``):
+    "auto" (start those workers with a preloaded forkserver when the Dataset pickles, with an
+    ``UnsafeForkWarning`` saying why; otherwise raise ``UnsafeForkError``), "raise" (raise
+    ``UnsafeForkError`` naming the library and the remedies, before any worker starts),
+    "forkserver" (always switch), "warn" (fork, with an ``UnsafeForkWarning``) or "ignore"
+    (fork, silently: the workers never use that library)."""
 
     def __post_init__(self) -> None:
         if self.zarrs_mode not in ZARRS_MODES:

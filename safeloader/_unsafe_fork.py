@@ -1,23 +1,26 @@
-"""``on_unsafe_fork``: what a loader does when its parent holds a pool no backend can reset.
+"""``on_unsafe_fork``: what a loader does when its parent holds a pool no backend resets.
 
-Checked in the parent when a loader is about to fork its workers:
+Checked in the parent when a loader is about to fork its workers. Every live
+native thread is attributed to the shared object it waits in (``thread_owners``,
+read from /proc without stopping it, once per thread); each object is looked up
+in ``native_libraries``. A hazard is a library with live threads that is
 
-- a live rayon pool or tokio runtime of an extension module whose library no
-  active backend handles (any Rust extension; polars and zarrs have backends):
-  a forked worker's first parallel call in it hangs;
-- GNU OpenMP with live pool threads while the "threadpools" backend is off
-  for the loader.
+- unknown: any library's own pool (C/C++ threads, a statically linked Rust
+  runtime, FFmpeg's, ...): a forked worker that uses it waits forever;
+- known to abort a forked child that uses it (TensorStore, numba's OpenMP layer);
+- handled by a backend that is off for this loader (polars, zarrs);
+- GNU OpenMP with live pool threads while the "threadpools" backend is off.
 
-"warn" (default) forks and warns once per loader and library with an
-``UnsafeForkWarning`` naming the library and the option; "forkserver" starts
-the workers with forkserver instead, preloaded with torch, torch.utils.data
-and the Dataset's module; "ignore" forks silently.
+Policies: "auto" (default) starts the workers with a forkserver preloaded with
+torch, torch.utils.data, the Dataset's module and the library's package when
+the Dataset (with collate_fn and worker_init_fn) pickles, warning once per
+loader and library (``UnsafeForkWarning``), and raises ``UnsafeForkError``
+naming the library and the remedies when it does not; "raise" always raises;
+"forkserver" always switches; "warn" forks with the warning; "ignore" forks.
 
-Only libraries that own a live native thread are looked at: each thread is
-attributed once to the object it waits for (``thread_owners``, read from /proc
-without stopping it), and only an extension module's library that no active
-backend handles is read, once per process (``native_pools.runtimes``). A
-parent with no such thread opens no file here.
+Nothing is read from disk unless a live thread waits in a library that is
+neither a system library nor in the table (then its file is read once, for the
+kind of runtime it links: rayon, tokio).
 """
 
 from __future__ import annotations
@@ -28,23 +31,40 @@ import sys
 import threading
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
+from . import native_libraries
 from ._options import Options
+from .errors import UnsafeForkError
 
-__all__ = ["UnsafeForkWarning", "apply", "hazards"]
+__all__ = ["Hazard", "UnsafeForkWarning", "apply", "hazards"]
 
 PRELOAD = ("torch", "torch.utils.data")
 
 
 class UnsafeForkWarning(RuntimeWarning):
-    """Workers are forked from a parent holding a pool that no safeloader backend resets."""
+    """Workers are forked from (or, to avoid that, not forked from) a parent holding a pool that no
+    safeloader backend resets."""
 
 
-# Thread pools of libraries other backends handle (BLAS and OpenMP runtimes: "threadpools",
-# below; torch's own pools: "torch"): a thread waiting in one is attributed without a look at
-# the imported modules.
-_HANDLED_POOLS = ("libgomp", "libomp", "libiomp", "libopenblas", "libscipy_openblas", "libmkl", "libtorch", "libc10")
+@dataclass(frozen=True)
+class Hazard:
+    """A library whose live threads a forked worker would not have."""
+
+    library: str  # the shared object's path
+    package: str  # the Python package that ships it, or the file name
+    threads: int
+    what: str  # "duckdb's native threads", "polars' rayon pool and tokio runtime"
+    note: str = ""  # what the table knows: how it fails, its own fork-safe setting
+
+    def __str__(self) -> str:
+        return f"{self.what} ({self.threads} live thread{'s' if self.threads != 1 else ''})"
+
+
+# Backends whose libraries cope without them (OpenBLAS and torch reset their pools at fork;
+# GNU OpenMP is checked below).
+_SELF_RESETTING_BACKENDS = ("threadpools", "torch")
 
 _lock = threading.Lock()
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -58,7 +78,7 @@ def _backend_active(name: str, options: Options) -> bool:
 
 
 def _live_libraries() -> dict[str, int]:
-    """Object each live native thread waits for -> how many threads."""
+    """Object each live native thread waits in -> how many threads."""
     from . import native, thread_owners
 
     counts: dict[str, int] = {}
@@ -68,58 +88,119 @@ def _live_libraries() -> dict[str, int]:
     return counts
 
 
-def hazards(options: Options) -> list[str]:
-    """What this process holds that a forked worker would inherit broken and no active backend resets."""
+def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     from . import native_pools
 
+    package = native_libraries.package_of(library)
+    entry = native_libraries.known(library, package)
+    if entry is not None:
+        if entry.fork == native_libraries.SURVIVES:
+            return None
+        if entry.fork == native_libraries.HANDLED:
+            if entry.by in _SELF_RESETTING_BACKENDS or _backend_active(entry.by, options):
+                return None
+            note = f"its backend {entry.by!r} is off for this loader"
+        else:
+            note = entry.by + (f"; its own fork-safe setting: {entry.remedy}" if entry.remedy else "")
+    else:
+        note = ""
+    kinds = native_pools.runtimes(library)
+    possessive = "'" if package.endswith("s") else "'s"
+    what = f"{package}{possessive} {' and '.join(kinds) or 'native threads'}"
+    if package != os.path.basename(library):
+        what += f" ({os.path.basename(library)})"
+    return Hazard(library, package, count, what, note)
+
+
+def hazards(options: Options) -> list[Hazard]:
+    """What this process holds that a forked worker would inherit broken and no active backend resets."""
     found = []
     with _lock:
         _owners.clear()
         for library, count in sorted(_live_libraries().items()):
-            if os.path.basename(library).startswith(_HANDLED_POOLS) or not native_pools.extension_modules(library):
-                continue  # not a Python extension's own object: BLAS, OpenMP, torch's pools (backends, below)
-            package = native_pools.owner(library)
-            if _backend_active(package, options):
+            if native_libraries.is_system(library):
                 continue
-            kinds = native_pools.runtimes(library)
-            if kinds:
-                found.append(f"{native_pools.describe(library, kinds)} ({count} live thread(s))")
-                _owners.append(package)
+            hazard = _hazard(library, count, options)
+            if hazard is not None:
+                found.append(hazard)
+                _owners.append(hazard.package)
     if not _backend_active("threadpools", options):
         from . import forkstate
 
         state = forkstate.snapshot(pools=False, count_frozen=False)
-        found += [f"GNU OpenMP ({os.path.basename(path)}) with live pool threads" for path in state.gomp_live]
+        for path in state.gomp_live:
+            name = os.path.basename(path)
+            what = f"GNU OpenMP ({name}) with live pool threads"
+            found.append(Hazard(path, name, 1, what, "its backend 'threadpools' is off"))
     return found
 
 
+def _pickling_error(loader: Any) -> BaseException | None:
+    """Why the loader's Dataset (with its collate_fn and worker_init_fn) cannot go to a forkserver
+    worker, or None when it pickles."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        ForkingPickler.dumps((loader.dataset, loader.collate_fn, loader.worker_init_fn))
+    except Exception as exc:  # any pickling failure: TypeError, PicklingError, AttributeError...
+        return exc
+    return None
+
+
+def _remedies(found: list[Hazard]) -> str:
+    notes = "".join(f" {h.package}: {h.note}." for h in found if h.note)
+    return (
+        f"{notes} To keep forked workers: create or open what uses it in each worker, lazily (in "
+        "__getitem__ or worker_init_fn), not in the parent; or pass on_unsafe_fork='ignore' if the "
+        "workers never use it. Or pass on_unsafe_fork='forkserver' to start the workers with a "
+        "preloaded forkserver (the Dataset must pickle)."
+    )
+
+
 def apply(loader: Any, options: Options, start_method: str) -> None:
-    """Before ``loader`` forks its workers: warn, or switch them to a preloaded forkserver."""
-    if start_method != "fork" or options.on_unsafe_fork == "ignore":
+    """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn."""
+    policy = options.on_unsafe_fork
+    if start_method != "fork" or policy == "ignore":
         return
     found = hazards(options)
     if not found:
         return
-    if options.on_unsafe_fork == "forkserver":
+    held = "; ".join(str(hazard) for hazard in found)
+    stuck = (
+        f"safeloader: DataLoader workers would be forked from a process holding {held}. Nothing resets "
+        "it in a forked worker: a worker that uses it waits forever (torch's own loader hangs there too)."
+    )
+    if policy == "auto":
+        reason = _pickling_error(loader)
+        if reason is not None:
+            raise UnsafeForkError(
+                f"{stuck} The workers were not started, and cannot be started with a forkserver instead: "
+                f"the Dataset does not pickle ({type(reason).__name__}: {reason}).{_remedies(found)}",
+                libraries=tuple(str(h) for h in found),
+            )
+        switched = f"{stuck} Its workers start with a preloaded forkserver instead (slower to start, correct)."
+        _warn(loader, found, switched + _remedies(found))
+        policy = "forkserver"
+    if policy == "raise":
+        raise UnsafeForkError(
+            f"{stuck} The workers were not started.{_remedies(found)}", libraries=tuple(str(h) for h in found)
+        )
+    if policy == "forkserver":
         object.__setattr__(loader, "multiprocessing_context", forkserver_context(loader))
         return
+    _warn(loader, found, f"{stuck} Forked anyway (on_unsafe_fork='warn').{_remedies(found)}")
+
+
+def _warn(loader: Any, found: list[Hazard], message: str) -> None:
+    """Once per loader and library."""
     try:
         warned = _warned.setdefault(loader, set())
     except TypeError:  # a loader that cannot be weakly referenced: warn every time
         warned = set()
-    fresh = [hazard for hazard in found if hazard.split(" (")[0] not in warned]
+    fresh = [hazard.what for hazard in found if hazard.what not in warned]
     if fresh:
-        warned.update(hazard.split(" (")[0] for hazard in fresh)
-        warnings.warn(
-            "safeloader: DataLoader workers are forked from a process holding "
-            + "; ".join(fresh)
-            + ". No safeloader backend resets it, so a worker that uses it hangs (the stall watchdog names "
-            "it). Pass on_unsafe_fork='forkserver' to the loader (or safeloader.configure(on_unsafe_fork="
-            "'forkserver')) to start these workers with a preloaded forkserver instead, or "
-            "on_unsafe_fork='ignore' if the workers never use it.",
-            UnsafeForkWarning,
-            stacklevel=5,  # apply, start_armed, _get_iterator, DataLoader.__iter__, the user
-        )
+        warned.update(fresh)
+        warnings.warn(message, UnsafeForkWarning, stacklevel=5)  # apply, start_armed, _get_iterator, __iter__, the user
 
 
 def forkserver_context(loader: Any) -> Any:

@@ -29,3 +29,15 @@ class HookError(RuntimeError):
 
 class RegistrationError(ValueError):
     """A hook was registered with bad arguments or under a name already taken."""
+
+
+class UnsafeForkError(RuntimeError):
+    """Workers would be forked from a process holding a native thread pool that nothing resets.
+
+    Raised before any worker starts, naming the library and the remedies;
+    ``libraries`` holds each one's description. See ``on_unsafe_fork``.
+    """
+
+    def __init__(self, message: str, *, libraries: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.libraries = libraries

@@ -70,7 +70,8 @@ def lazy():
 
 def stall_report():
     loader = safeloader.DataLoader(
-        polars_setup.Files(), batch_size=None, num_workers=1, stall_timeout=2, disable_hooks=("polars",)
+        polars_setup.Files(), batch_size=None, num_workers=1, stall_timeout=2, disable_hooks=("polars",),
+        on_unsafe_fork="warn",  # forked anyway: the stall report is what this shows
     )
     try:
         list(loader)

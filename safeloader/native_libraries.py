@@ -1,0 +1,108 @@
+"""What safeloader knows about native libraries whose threads a forked worker does not get.
+
+One table, read by the fork check (``on_unsafe_fork``), ``doctor`` and the
+stall report. A live native thread is attributed to the shared object it waits
+in (``thread_owners``); that object is then one of:
+
+- handled by a backend, which resets or limits it around the fork;
+- known to survive fork by itself (the library resets its pool in the child, or
+  refuses with its own clear error there);
+- known to abort a forked child that uses it (its own fork check), with the
+  library's own fork-safe setting where it has one;
+- unknown: a pool no one resets. A worker that uses it waits forever, as it
+  does under torch's loader. ``on_unsafe_fork`` decides what happens then.
+
+Entries match the object's file name (``libgomp-a34b3233.so.1``: prefix
+``libgomp``) or the Python package that ships it (``tokenizers``, for
+``site-packages/tokenizers/tokenizers.abi3.so``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["KNOWN", "Known", "is_system", "known", "package_of"]
+
+HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
+SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
+ABORTS = "aborts"  # the library kills a forked child that uses it; ``remedy`` is its own setting
+
+
+@dataclass(frozen=True)
+class Known:
+    names: tuple[str, ...]
+    """File-name prefixes of the shared objects, or names of the Python packages that ship them."""
+    fork: str
+    """HANDLED, SURVIVES or ABORTS."""
+    by: str
+    """The backend that handles it (HANDLED), or why it is safe (SURVIVES) or how it fails (ABORTS)."""
+    remedy: str = ""
+    """The library's own fork-safe setting, where it has one."""
+
+
+KNOWN: tuple[Known, ...] = (
+    Known(("libgomp", "libomp", "libiomp"), HANDLED, "threadpools"),
+    Known(("libopenblas", "libscipy_openblas", "libmkl", "libblis", "libflexiblas"), HANDLED, "threadpools"),
+    Known(("libtorch", "libc10"), HANDLED, "torch"),  # and torch's own at-fork handler
+    Known(("polars",), HANDLED, "polars"),
+    Known(("zarrs",), HANDLED, "zarrs"),
+    Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
+    Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
+    Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
+    Known(("grpc",), SURVIVES, "gRPC's fork support; channels are reopened by the sockets backend"),
+    Known(("ray",), SURVIVES, "Ray's threads serve the Ray worker; DataLoader workers do not call Ray"),
+    Known(
+        ("libcuda", "libcudart", "libnvidia", "libnccl", "libcupti", "nvidia"),
+        SURVIVES,
+        "torch refuses CUDA in a forked worker with its own error ('Cannot re-initialize CUDA')",
+    ),
+    Known(("tensorstore",), ABORTS, "TensorStore aborts a forked child that uses it ('fork() use detected')"),
+    Known(
+        ("numba",),
+        ABORTS,
+        "numba's OpenMP threading layer terminates a forked child that runs a parallel function",
+        "NUMBA_THREADING_LAYER='workqueue' (set before numba is imported)",
+    ),
+)
+
+
+def is_system(path: str) -> bool:
+    """The C and C++ runtimes and the interpreter: threads wait *through* them, they own no pool."""
+    from .thread_owners import SYSTEM_LIBRARIES
+
+    base = os.path.basename(path)
+    return base.startswith((*SYSTEM_LIBRARIES, "libpython", "python"))
+
+
+def package_of(path: str) -> str:
+    """The Python package that ships the shared object ``path`` ("polars", "av"), or its file name.
+
+    From the extension modules loaded from it, else from its place under a
+    ``site-packages`` (or ``dist-packages``) directory: ``av.libs/libavcodec-...so``
+    belongs to ``av``. Nothing is read from disk.
+    """
+    from . import native_pools
+
+    names = native_pools.extension_modules(path)
+    public = [name for name in names if not name.split(".")[0].startswith("_")]
+    if public or names:
+        return (public or names)[0].split(".")[0]
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages") and i + 2 < len(parts):
+            top = parts[i + 1]
+            for suffix in (".libs", ".dylibs"):
+                top = top.removesuffix(suffix)
+            return top.lstrip("_") or top
+    return os.path.basename(path)
+
+
+def known(path: str, package: str | None = None) -> Known | None:
+    """The entry for the shared object ``path`` (shipped by ``package``), if any."""
+    base = os.path.basename(path)
+    package = package or package_of(path)
+    for entry in KNOWN:
+        if base.startswith(entry.names) or package in entry.names:
+            return entry
+    return None

@@ -1,0 +1,51 @@
+"""A Dataset using a C thread pool no backend knows (tests/native/tiny_pool.c, like DuckDB's, blosc2's
+or FFmpeg's), started and used once in the parent; 2 workers read 6 items through it.
+
+argv: the built library, ``torch`` or ``safeloader`` (whose DataLoader), an ``on_unsafe_fork``
+policy (``default``: not passed), and ``pickles`` or ``unpicklable`` (the Dataset also holds a
+lock, as one holding an open connection would). Prints the items, or the error's type and message,
+then each warning's category and message.
+"""
+
+import ctypes
+import sys
+import threading
+import warnings
+
+import torch
+
+import safeloader
+
+library, which, policy, kind = sys.argv[1:]
+
+
+def pool() -> ctypes.CDLL:
+    lib = ctypes.CDLL(library)
+    lib.pool_start(2)  # starts the pool's threads once per process: a forked child has none
+    return lib
+
+
+class SquaresThroughThePool(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.lock = threading.Lock() if kind == "unpicklable" else None
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> int:
+        return pool().pool_square(index)
+
+
+if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
+    assert pool().pool_square(3) == 9  # the parent's pool is live
+    keywords = {} if policy == "default" or which == "torch" else {"on_unsafe_fork": policy}
+    loader_class = torch.utils.data.DataLoader if which == "torch" else safeloader.DataLoader
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loader = loader_class(SquaresThroughThePool(), batch_size=None, num_workers=2, **keywords)
+            print(sorted(int(x) for x in loader), flush=True)
+        except Exception as exc:
+            print(f"{type(exc).__name__}: {exc}", flush=True)
+    for warning in caught:
+        print(f"{warning.category.__name__}: {warning.message}")

@@ -1,0 +1,46 @@
+/* A minimal C thread pool, shaped like the pools of DuckDB, blosc2 or FFmpeg: threads started
+ * once, waiting on a condition variable for tasks; a caller queues a task and waits for its
+ * result. A process forked after pool_start has the pool's state but none of its threads:
+ * pool_square there waits forever, inside this library (tests/test_unknown_pools.py).
+ * Built by the tests with the system C compiler: cc -shared -fPIC -pthread. */
+#include <pthread.h>
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
+static long task, result;
+static int pending, finished, started;
+
+static void *pool_thread(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while (!pending) pthread_cond_wait(&work, &lock);
+        pending = 0;
+        result = task * task;
+        finished = 1;
+        pthread_cond_broadcast(&done);
+    }
+    return 0;
+}
+
+int pool_start(int threads) {
+    pthread_mutex_lock(&lock);
+    for (; started < threads; started++) {
+        pthread_t thread;
+        if (pthread_create(&thread, 0, pool_thread, 0) != 0) break;
+        pthread_detach(thread);
+    }
+    pthread_mutex_unlock(&lock);
+    return started;
+}
+
+long pool_square(long value) {
+    pthread_mutex_lock(&lock);
+    while (pending) pthread_cond_wait(&done, &lock);
+    task = value, pending = 1, finished = 0;
+    pthread_cond_signal(&work);
+    while (!finished) pthread_cond_wait(&done, &lock);
+    long out = result;
+    pthread_mutex_unlock(&lock);
+    return out;
+}

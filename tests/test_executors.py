@@ -1,0 +1,25 @@
+"""The "executors" backend: a ThreadPoolExecutor held by the Dataset works in forked workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from .subproc import check_script, run_script
+
+pytestmark = pytest.mark.timeout(90)
+
+# Each worker's items: index * 10 + how many threads its executor has (1: the worker started its own).
+ITEMS = "[(1, 'ThreadPoolExecutor-0'), (11, 'ThreadPoolExecutor-0'), (21, 'ThreadPoolExecutor-0'), " \
+    "(31, 'ThreadPoolExecutor-0'), (41, 'ThreadPoolExecutor-0'), (51, 'ThreadPoolExecutor-0')]"
+
+
+@pytest.mark.torch_baseline
+def test_torch_worker_waits_forever_on_the_parents_executor():
+    # The executor counts the parent's thread as idle and starts none in the worker.
+    result = run_script("executor_in_dataset.py", "torch", timeout=60, expect_hang=True)
+    assert result.timed_out and result.stdout == "", result
+
+
+def test_each_worker_starts_its_own_threads_and_the_parents_executor_still_works():
+    lines = check_script("executor_in_dataset.py", "safeloader", timeout=60).stdout.splitlines()
+    assert lines == [ITEMS, "PARENT 7 1"], lines

@@ -1,0 +1,69 @@
+"""A native thread pool no backend knows: never a silent hang (issue: any native pool, not a list).
+
+The pool is tests/native/tiny_pool.c, built here with the system C compiler: threads waiting on a
+condition variable for tasks, as in DuckDB, blosc2 or FFmpeg. The parent starts and uses it; a
+forked worker has its state but not its threads, and its first task waits forever under torch's
+loader. safeloader finds the live threads at the loader's start (attributed to the library they
+wait in) and, by default, starts the workers with a forkserver when the Dataset pickles, or raises
+before any worker starts when it does not.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from .subproc import check_script, run_script
+
+pytestmark = pytest.mark.timeout(120)
+
+SOURCE = Path(__file__).parent / "native" / "tiny_pool.c"
+SQUARES = "[0, 1, 4, 9, 16, 25]"
+
+
+@pytest.fixture(scope="session")
+def tiny_pool(tmp_path_factory) -> Path:
+    library = tmp_path_factory.mktemp("native") / "libtinypool.so"
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    command = [*compiler.split()[:1], "-shared", "-fPIC", "-O1", "-pthread", "-o", str(library), str(SOURCE)]
+    subprocess.run(command, check=True)
+    return library
+
+
+@pytest.mark.torch_baseline
+def test_torch_worker_hangs_in_a_pool_the_parent_started(tiny_pool):
+    result = run_script("unknown_native_pool.py", tiny_pool, "torch", "default", "pickles", timeout=60,
+                        expect_hang=True)
+    assert result.timed_out and result.stdout == "", result
+
+
+def test_by_default_a_pickling_dataset_gets_forkserver_workers_and_correct_data(tiny_pool):
+    out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "default", "pickles", timeout=90).stdout
+    lines = out.splitlines()
+    assert lines[0] == SQUARES, out
+    assert lines[1].startswith("UnsafeForkWarning: safeloader: DataLoader workers would be forked from a process "
+                               "holding libtinypool.so's native threads (2 live threads)"), out
+    assert "start with a preloaded forkserver instead" in lines[1] and len(lines) == 2, out
+
+
+def test_by_default_an_unpicklable_dataset_raises_before_any_worker_starts(tiny_pool):
+    out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "default", "unpicklable", timeout=60).stdout
+    assert out.startswith("UnsafeForkError: safeloader: DataLoader workers would be forked from a process holding "
+                          "libtinypool.so's native threads (2 live threads)"), out
+    assert "the Dataset does not pickle (TypeError: cannot pickle '_thread.lock' object)" in out, out
+    assert "lazily (in __getitem__ or worker_init_fn)" in out and "on_unsafe_fork='ignore'" in out, out
+
+
+def test_raise_policy_raises_even_when_the_dataset_pickles(tiny_pool):
+    out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "raise", "pickles", timeout=60).stdout
+    assert out.startswith("UnsafeForkError:") and "The workers were not started." in out, out
+
+
+def test_ignore_policy_forks_as_torch_does(tiny_pool):
+    # The user said the workers never use it: forked, no warning, and here they hang as torch's do.
+    result = run_script("unknown_native_pool.py", tiny_pool, "safeloader", "ignore", "pickles", timeout=60,
+                        expect_hang=True)
+    assert result.timed_out and result.stdout == "", result
