@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sys
 import threading
 import warnings
@@ -135,15 +136,39 @@ def hazards(options: Options) -> list[Hazard]:
     return found
 
 
-def _pickling_error(loader: Any) -> BaseException | None:
-    """Why the loader's Dataset (with its collate_fn and worker_init_fn) cannot go to a forkserver
-    worker, or None when it pickles."""
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
+
+
+def _forkserver_unusable(loader: Any) -> str | None:
+    """Why ``loader``'s workers cannot start under a forkserver, or None when they can.
+
+    A forkserver worker receives the Dataset (with collate_fn and worker_init_fn) pickled, and
+    first runs the main script again (as ``__mp_main__``), as spawn does: a script without an
+    ``if __name__ == "__main__":`` guard would start its loaders again there. A main module
+    with no file (``python -c``, a notebook) cannot be run again: nothing may come from it.
+    """
     from multiprocessing.reduction import ForkingPickler
 
     try:
-        ForkingPickler.dumps((loader.dataset, loader.collate_fn, loader.worker_init_fn))
+        payload = bytes(ForkingPickler.dumps((loader.dataset, loader.collate_fn, loader.worker_init_fn)))
     except Exception as exc:  # any pickling failure: TypeError, PicklingError, AttributeError...
-        return exc
+        return f"the Dataset does not pickle ({type(exc).__name__}: {exc})"
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        if b"__main__" in payload:
+            return "the Dataset uses code defined in a main module that has no file (python -c, a notebook)"
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as script:
+            guarded = _MAIN_GUARD.search(script.read()) is not None
+    except OSError:
+        guarded = False
+    if not guarded:
+        return (
+            f"the main script {os.path.basename(path)} has no `if __name__ == \"__main__\":` guard, and "
+            "forkserver workers run it again"
+        )
     return None
 
 
@@ -153,7 +178,8 @@ def _remedies(found: list[Hazard]) -> str:
         f"{notes} To keep forked workers: create or open what uses it in each worker, lazily (in "
         "__getitem__ or worker_init_fn), not in the parent; or pass on_unsafe_fork='ignore' if the "
         "workers never use it. Or pass on_unsafe_fork='forkserver' to start the workers with a "
-        "preloaded forkserver (the Dataset must pickle)."
+        "preloaded forkserver (the Dataset must pickle, the main script needs an `if __name__ == \"__main__\":` "
+        "guard)."
     )
 
 
@@ -171,11 +197,11 @@ def apply(loader: Any, options: Options, start_method: str) -> None:
         "it in a forked worker: a worker that uses it waits forever (torch's own loader hangs there too)."
     )
     if policy == "auto":
-        reason = _pickling_error(loader)
+        reason = _forkserver_unusable(loader)
         if reason is not None:
             raise UnsafeForkError(
                 f"{stuck} The workers were not started, and cannot be started with a forkserver instead: "
-                f"the Dataset does not pickle ({type(reason).__name__}: {reason}).{_remedies(found)}",
+                f"{reason}.{_remedies(found)}",
                 libraries=tuple(str(h) for h in found),
             )
         switched = f"{stuck} Its workers start with a preloaded forkserver instead (slower to start, correct)."

@@ -1,13 +1,16 @@
-"""Which shared object each native thread of this process waits for, read without stopping it.
+"""Which shared object started each native thread of this process, read without stopping it.
 
-A thread blocked in a system call shows its stack and instruction pointers in
-``/proc/self/task/<tid>/syscall``. The instruction pointer is usually in libc
-(a futex or poll wait); the return addresses just above the stack pointer name
-the code that called it. They are read through ``/proc/self/mem`` (a stack
-unmapped meanwhile reads as an error, never a crash) and looked up among the
-executable mappings of the loaded objects (``/proc/self/maps``). No signal is
-sent, no loader lock taken and no file opened but under /proc; an answer is
-kept per thread.
+A thread blocked in a system call shows its stack pointer in
+``/proc/self/task/<tid>/syscall``. The words from there to the top of its stack
+(read through ``/proc/self/mem``: a stack unmapped meanwhile reads as an error,
+never a crash) hold the return addresses of every live frame; looked up among
+the executable mappings of the loaded objects (``/proc/self/maps``), the
+outermost one outside the C/C++ runtimes is the code the thread was started
+in: its pool's owner (``blas_thread_server`` in OpenBLAS, a rayon worker in a
+Rust extension, a ``std::thread`` lambda in DuckDB). Inner frames can hold
+words that point into other objects (a callback, a dependency's code), so the
+innermost match is only the fallback. No signal is sent, no loader lock taken
+and no file opened but under /proc; an answer is kept per thread.
 """
 
 from __future__ import annotations
@@ -20,44 +23,54 @@ __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
 
 # Objects a pool's thread waits *through*, not the pool's owner.
 SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
-_STACK_BYTES = 16384  # the innermost frames: a wait is a few calls below its owner's code
+_STACK_BYTES = 1 << 20  # at most this much of a stack is read: a pool thread's live frames take a few KB
 _POINTER = struct.calcsize("P")
 
 
 class _Segments:
-    """Executable mappings of the loaded objects, sorted, from /proc/self/maps (no loader lock
-    taken, so no fork from another thread can inherit it held): read again only after the
-    dynamic loader loaded or unloaded something (its counters, read in C)."""
+    """The mappings of this process, sorted, from /proc/self/maps (no loader lock taken, so no
+    fork from another thread can inherit it held): read again after the dynamic loader loaded or
+    unloaded something (its counters, read in C), or for a stack mapped since (a new thread)."""
 
     def __init__(self) -> None:
         self._counters: tuple[int, int] | None = None
-        self.starts: list[int] = []
+        self.starts: list[int] = []  # executable mappings of files
         self.ends: list[int] = []
         self.names: list[str] = []
+        self.all_starts: list[int] = []  # every mapping (stacks included)
+        self.all_ends: list[int] = []
 
-    def refresh(self) -> None:
+    def refresh(self, force: bool = False) -> None:
         from . import _loader_lock, native
 
         with _loader_lock.section() as release:
             counters, _ = native.loaded_objects(False, release)
-        if counters is not None and counters == self._counters and self.starts:
+        if not force and counters is not None and counters == self._counters and self.starts:
             return
-        found = []
+        found, every = [], []
         with open("/proc/self/maps") as maps:
             for line in maps:
                 fields = line.split(None, 5)
+                low, high = (int(bound, 16) for bound in fields[0].split("-"))
+                every.append((low, high))
                 if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/"):
-                    low, high = fields[0].split("-")
-                    found.append((int(low, 16), int(high, 16), fields[5].rstrip("\n")))
+                    found.append((low, high, fields[5].rstrip("\n")))
         found.sort()
+        every.sort()
         self._counters = counters
         self.starts = [start for start, _, _ in found]
         self.ends = [end for _, end, _ in found]
         self.names = [name for _, _, name in found]
+        self.all_starts = [start for start, _ in every]
+        self.all_ends = [end for _, end in every]
 
     def name_at(self, address: int) -> str | None:
         i = bisect_right(self.starts, address) - 1
         return self.names[i] if i >= 0 and address < self.ends[i] else None
+
+    def mapping_end(self, address: int) -> int | None:
+        i = bisect_right(self.all_starts, address) - 1
+        return self.all_ends[i] if i >= 0 and address < self.all_ends[i] else None
 
 
 _segments: _Segments | None = None
@@ -69,22 +82,20 @@ def _is_system(path: str) -> bool:
     return not path or any(base.startswith(prefix) for prefix in SYSTEM_LIBRARIES)
 
 
-def _stack_words(stack: int) -> bytes:
-    """Up to ``_STACK_BYTES`` of this process's memory from ``stack`` up (less where the mapping
-    ends); the descriptor is not kept (a forked worker would inherit it, naming its parent)."""
+def _stack_words(stack: int, end: int) -> bytes:
+    """This process's memory from ``stack`` to ``end`` (at most ``_STACK_BYTES``); the descriptor
+    is not kept (a forked worker would inherit it, naming its parent)."""
     fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        try:
-            return os.pread(fd, _STACK_BYTES, stack)
-        except OSError:  # the stack ends within the range
-            return os.pread(fd, 4096 - stack % 4096, stack)
+        return os.pread(fd, min(end - stack, _STACK_BYTES), stack)
     finally:
         os.close(fd)
 
 
 def library_of(tid: int) -> str | None:
-    """The first non-system object (its real path) on thread ``tid``'s innermost stack
-    frames while it is blocked in a system call; None if it runs, ended, or shows none."""
+    """The object (its path as mapped) that thread ``tid`` was started in, while it is blocked in
+    a system call: the outermost object on its stack outside the C/C++ runtimes, else the one its
+    instruction pointer is in. None if it runs, ended, or shows none."""
     global _segments
     try:
         with open(f"/proc/self/task/{tid}/syscall") as f:
@@ -100,18 +111,24 @@ def library_of(tid: int) -> str | None:
     if _segments is None:
         _segments = _Segments()
     _segments.refresh()
+    end = _segments.mapping_end(stack)
+    if end is None:  # a stack mapped since the last read
+        _segments.refresh(force=True)
+        end = _segments.mapping_end(stack)
+    outermost = None
+    if end is not None:
+        try:
+            data = _stack_words(stack, end)
+        except OSError:  # the thread exited meanwhile
+            return None
+        for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
+            name = _segments.name_at(word)
+            if name is not None and not _is_system(name):
+                outermost = name
+    if outermost is not None:
+        return outermost
     where = _segments.name_at(pc)
-    if where is not None and not _is_system(where):
-        return where
-    try:
-        data = _stack_words(stack)
-    except OSError:  # the thread exited meanwhile
-        return None
-    for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
-        name = _segments.name_at(word)
-        if name is not None and not _is_system(name):
-            return name
-    return None
+    return where if where is not None and not _is_system(where) else None
 
 
 def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .subproc import check_script, run_script
+from .subproc import check_python, check_script, run_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,3 +67,35 @@ def test_ignore_policy_forks_as_torch_does(tiny_pool):
     result = run_script("unknown_native_pool.py", tiny_pool, "safeloader", "ignore", "pickles", timeout=60,
                         expect_hang=True)
     assert result.timed_out and result.stdout == "", result
+
+
+UNGUARDED = """
+import ctypes, sys, torch, safeloader
+lib = ctypes.CDLL(sys.argv[1]); lib.pool_start(2); lib.pool_square(3)
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+    def __getitem__(self, index):
+        return ctypes.CDLL(sys.argv[1]).pool_square(index)
+
+try:
+    list(safeloader.DataLoader(Squares(), batch_size=None, num_workers=2))
+except safeloader.UnsafeForkError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("main", ["script", "python -c"])
+def test_by_default_a_main_module_forkserver_cannot_run_again_raises(tiny_pool, tmp_path, main):
+    # Forkserver workers run the main script again: without a __main__ guard it would start its
+    # loaders there; a main module with no file cannot be run again at all.
+    if main == "script":
+        script = tmp_path / "unguarded.py"
+        script.write_text(UNGUARDED)
+        out = check_script(script, tiny_pool, timeout=60).stdout
+        assert 'the main script unguarded.py has no `if __name__ == "__main__":` guard' in out, out
+    else:
+        out = check_python(UNGUARDED.replace("sys.argv[1]", repr(str(tiny_pool))), timeout=60).stdout
+        assert "the Dataset uses code defined in a main module that has no file" in out, out
+    assert out.startswith("safeloader: DataLoader workers would be forked from a process holding libtinypool.so")

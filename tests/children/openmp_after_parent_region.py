@@ -32,7 +32,8 @@ if LOADER == "torch":
 else:
     from safeloader import DataLoader
 
-    kwargs = {"stall_timeout": 2.0, "disable_hooks": ("threadpools",)}
+    # Forked anyway (the live OpenMP pool would start forkserver workers): the stall report is what this shows.
+    kwargs = {"stall_timeout": 2.0, "disable_hooks": ("threadpools",), "on_unsafe_fork": "warn"}
 try:
     print(list(DataLoader(Parallel(), num_workers=1, **kwargs)))
 except safeloader.WorkerStallError as error:

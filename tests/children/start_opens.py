@@ -24,7 +24,7 @@ if mode == "unhandled":
     import polars as pl
 
     pl.DataFrame({"a": list(range(1000))}).select(pl.col("a").sum())  # polars' rayon pool and tokio runtime
-    options = {"disable_hooks": {"polars"}}
+    options = {"disable_hooks": {"polars"}, "on_unsafe_fork": "warn"}  # forked anyway: the check is what this measures
 
 opened = []
 

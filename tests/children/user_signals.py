@@ -126,6 +126,7 @@ elif CASE == "parent":
     pl.DataFrame({"a": list(range(100_000))}).select(pl.col("a").sum())  # polars' pool is live
     if LOADER == "safeloader":
         options["disable_hooks"] = {"polars"}
+        options["on_unsafe_fork"] = "warn"  # forked anyway: the workers never use polars
     warnings.simplefilter("ignore")
     for _ in range(2):
         loader = DataLoader(Slow(), batch_size=4, num_workers=2, **options)
