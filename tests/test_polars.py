@@ -63,7 +63,7 @@ def test_on_unsafe_fork_forkserver_starts_workers_that_run_a_pool_no_backend_res
 def test_default_starts_the_workers_with_a_forkserver_and_says_why(tmp_path):
     # The Dataset pickles: its workers get a fresh polars in a preloaded forkserver, and the user is told.
     out = _unsafe_fork_run(tmp_path, timeout=120).stdout
-    warned = out.split("WARNINGS", 1)[1]
+    warned = out.split("WARNINGS", 1)[1].replace("\\'", "'")  # printed as a list's repr
     assert "polars' rayon pool and tokio runtime" in warned and "preloaded forkserver instead" in warned, out
     assert "its backend 'polars' is off for this loader" in warned and "NOT FORKED" in out, out
 
@@ -71,7 +71,7 @@ def test_default_starts_the_workers_with_a_forkserver_and_says_why(tmp_path):
 def test_warn_policy_forks_warns_naming_the_library_and_the_watchdog_names_the_hang(tmp_path):
     # Forked anyway: its workers hang in polars' inherited pool, and the stall report says where.
     out = _unsafe_fork_run(tmp_path, timeout=60, stall_timeout=2, on_unsafe_fork="warn").stdout
-    warned = out.split("WARNINGS", 1)[1]
+    warned = out.split("WARNINGS", 1)[1].replace("\\'", "'")  # printed as a list's repr
     assert warned.count("UnsafeForkWarning") == 0 and "polars' rayon pool and tokio runtime" in warned, out
     assert "on_unsafe_fork='forkserver'" in warned, out
     assert "STALLED:" in out and "polars' rayon pool, inherited without its threads" in out, out
