@@ -39,6 +39,12 @@ class Known:
     """The backend that handles it (HANDLED), or why it is safe (SURVIVES) or how it fails (ABORTS)."""
     remedy: str = ""
     """The library's own fork-safe setting, where it has one."""
+    since: str = ""
+    """For SURVIVES: the first release of the package that does (older ones are unknown)."""
+
+    def applies(self, package: str) -> bool:
+        """Whether the installed ``package`` is at least ``since`` (read from its metadata once)."""
+        return not self.since or _at_least(package, self.since)
 
 
 KNOWN: tuple[Known, ...] = (
@@ -50,6 +56,13 @@ KNOWN: tuple[Known, ...] = (
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
+    Known(
+        ("duckdb",),
+        SURVIVES,
+        "restarts its task scheduler in a forked child (checked: 2.0.1, parallel queries in 2 workers)",
+        since="2.0",
+    ),
+    Known(("numexpr",), SURVIVES, "restarts its thread pool in a forked child (its own at-fork handler)"),
     Known(("grpc",), SURVIVES, "gRPC's fork support; channels are reopened by the sockets backend"),
     Known(("ray",), SURVIVES, "Ray's threads serve the Ray worker; DataLoader workers do not call Ray"),
     Known(
@@ -87,7 +100,8 @@ def package_of(path: str) -> str:
     names = native_pools.extension_modules(path)
     public = [name for name in names if not name.split(".")[0].startswith("_")]
     if public or names:
-        return (public or names)[0].split(".")[0]
+        top = (public or names)[0].split(".")[0]
+        return top.lstrip("_") or top  # "_duckdb": the duckdb package's extension
     parts = path.split(os.sep)
     for i, part in enumerate(parts[:-1]):
         if part in ("site-packages", "dist-packages") and i + 2 < len(parts):
@@ -99,10 +113,40 @@ def package_of(path: str) -> str:
 
 
 def known(path: str, package: str | None = None) -> Known | None:
-    """The entry for the shared object ``path`` (shipped by ``package``), if any."""
+    """The entry for the shared object ``path`` (shipped by ``package``), if any applies."""
     base = os.path.basename(path)
     package = package or package_of(path)
     for entry in KNOWN:
-        if base.startswith(entry.names) or package in entry.names:
+        if (base.startswith(entry.names) or package in entry.names) and entry.applies(package):
             return entry
     return None
+
+
+_versions: dict[str, tuple[int, ...] | None] = {}
+
+
+def _at_least(package: str, since: str) -> bool:
+    if package not in _versions:
+        from importlib import metadata
+
+        try:
+            _versions[package] = _numbers(metadata.version(package))
+        except Exception:  # not installed as a distribution of that name
+            _versions[package] = None
+    version = _versions[package]
+    return version is not None and version >= _numbers(since)
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    """ "2.0.1rc1" -> (2, 0, 1): the leading digits of each dotted part."""
+    numbers = []
+    for part in version.split("."):
+        digits = ""
+        for char in part:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)

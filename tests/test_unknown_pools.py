@@ -99,3 +99,13 @@ def test_by_default_a_main_module_forkserver_cannot_run_again_raises(tiny_pool, 
         out = check_python(UNGUARDED.replace("sys.argv[1]", repr(str(tiny_pool))), timeout=60).stdout
         assert "the Dataset uses code defined in a main module that has no file" in out, out
     assert out.startswith("safeloader: DataLoader workers would be forked from a process holding libtinypool.so")
+
+
+def test_a_library_known_to_survive_fork_only_from_a_release_on_is_judged_by_the_installed_one():
+    from safeloader import native_libraries
+    from safeloader.native_libraries import SURVIVES, Known
+
+    assert Known(("numpy",), SURVIVES, "", since="1.0").applies("numpy")
+    assert not Known(("numpy",), SURVIVES, "", since="999.1").applies("numpy")
+    assert not Known(("x",), SURVIVES, "", since="1.0").applies("no-such-distribution")
+    assert native_libraries._numbers("2.0.1rc1") == (2, 0, 1)
