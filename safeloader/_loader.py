@@ -129,9 +129,12 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
             # method explicitly with set_start_method() keeps it.
             if torch.multiprocessing.get_start_method(allow_none=True) is None:
                 object.__setattr__(loader, "multiprocessing_context", "fork")
-        _unsafe_fork.apply(loader, options, _start_method(loader))  # may switch to forkserver (on_unsafe_fork)
+        # May raise, or switch to forkserver (on_unsafe_fork); else the pools the workers will lack.
+        lacking = _unsafe_fork.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
+        if watch is not None:
+            watch.lacking_pools = lacking
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

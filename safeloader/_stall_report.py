@@ -48,6 +48,8 @@ class StallReport:
     """Items in the batch its collate_fn was collating; 0 when it was not collating."""
     batch: int = 1
     """Items the stuck call works on (a Dataset's __getitems__ gets the budget of each)."""
+    certain: bool = False
+    """Reported before its limit: it waits, unchanged and using no CPU, in a library whose threads it lacks."""
 
     @property
     def main_thread(self) -> PythonThread | None:
@@ -229,7 +231,7 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
     kinds = native_pools.runtimes_in_symbols([symbol for lib, symbol in main.frames if lib == library])
     kinds = kinds or native_pools.runtimes(library)
     if not kinds:
-        return None
+        return _lacking_threads_cause(library)
     owner = native_pools.owner(library)
     what = native_pools.describe(library, kinds[:1])
     also = f" (it also runs a {', '.join(kinds[1:])}, inherited the same way)" if kinds[1:] else ""
@@ -245,6 +247,25 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
         f"runs a {kinds[0]}{also}. The parent started it before the fork (its threads: "
         f"{_parent_thread_names() or 'none named'}); a forked child has the pool's bookkeeping but none of its "
         f"threads, so the job it queued never runs. Fix: {fix}."
+    )
+
+
+def _lacking_threads_cause(library: str) -> str | None:
+    """Any library: the worker waits in one whose threads this process (its parent) runs."""
+    from . import _unsafe_fork, native_libraries
+
+    real = os.path.realpath(library)
+    count = sum(n for lib, n in _unsafe_fork._live_libraries().items() if os.path.realpath(lib) == real)
+    if not count:
+        return None
+    package = native_libraries.package_of(library)
+    where = short_library(library) + (f" ({package})" if package != os.path.basename(library) else "")
+    return (
+        f"{package}'s native threads, inherited without them: the worker waits in {where}, whose {count} "
+        "thread(s) run in the parent and did not survive the fork; a forked "
+        "child has the pool's bookkeeping but none of its threads, so the job it queued never runs. Fix: "
+        "create or open what uses it in each worker, lazily (in __getitem__ or worker_init_fn), or pass "
+        "on_unsafe_fork='auto' (the default: a forkserver when the Dataset pickles) or 'forkserver'."
     )
 
 
@@ -328,6 +349,12 @@ def describe(report: StallReport, full: bool = True) -> list[str]:
         f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
         f"while {what}; its limit was {report.limit:g} s.",
     ]
+    if report.certain:
+        lines[0] = (
+            f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
+            f"while {what}, and never will: it waits, unchanged and using no CPU, inside a library whose "
+            "threads were live in the parent at the fork and do not exist in the worker."
+        )
     stuck = report.stuck_frames()
     if stuck:
         where = f"  Stuck in {stuck[0][2]} ({stuck[0][0]}:{stuck[0][1]})"

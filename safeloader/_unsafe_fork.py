@@ -183,14 +183,20 @@ def _remedies(found: list[Hazard]) -> str:
     )
 
 
-def apply(loader: Any, options: Options, start_method: str) -> None:
-    """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn."""
+def apply(loader: Any, options: Options, start_method: str) -> frozenset[str]:
+    """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn.
+
+    Returns the libraries whose live threads its forked workers will lack (with "warn" and
+    "ignore"): the stall watchdog names a worker that waits in one of them within seconds.
+    """
     policy = options.on_unsafe_fork
-    if start_method != "fork" or policy == "ignore":
-        return
+    if start_method != "fork":
+        return frozenset()
     found = hazards(options)
     if not found:
-        return
+        return frozenset()
+    if policy == "ignore":
+        return frozenset(hazard.library for hazard in found)
     held = "; ".join(str(hazard) for hazard in found)
     stuck = (
         f"safeloader: DataLoader workers would be forked from a process holding {held}. Nothing resets "
@@ -213,8 +219,9 @@ def apply(loader: Any, options: Options, start_method: str) -> None:
         )
     if policy == "forkserver":
         object.__setattr__(loader, "multiprocessing_context", forkserver_context(loader))
-        return
+        return frozenset()
     _warn(loader, found, f"{stuck} Forked anyway (on_unsafe_fork='warn').{_remedies(found)}")
+    return frozenset(hazard.library for hazard in found)
 
 
 def _warn(loader: Any, found: list[Hazard], message: str) -> None:

@@ -147,3 +147,48 @@ def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
                 known[(tid, name)] = library
         found[tid] = library
     return found
+
+
+def wait_of(pid: int) -> tuple[str, str, int] | None:
+    """What the main thread of process ``pid`` (a forked worker of this process) waits in:
+    (its system call line, the innermost object on its stack outside the C/C++ runtimes, the
+    process's CPU ticks so far); None if it runs, or it cannot be read (it ended, or /proc
+    refuses). Objects are looked up among this process's mappings: a forked worker has the same
+    ones at the same addresses, for every library loaded before its fork."""
+    global _segments
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            line = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read().rsplit(")", 1)[1].split()
+        ticks = int(stat[11]) + int(stat[12])  # utime + stime (fields 14 and 15)
+    except (OSError, ValueError, IndexError):
+        return None
+    fields = line.split()
+    if len(fields) < 3 or fields[0] == "running":
+        return None
+    try:
+        stack = int(fields[-2], 16)
+    except ValueError:
+        return None
+    if _segments is None:
+        _segments = _Segments()
+    _segments.refresh()
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, 16384, stack)
+    except OSError:
+        try:
+            data = os.pread(fd, 4096 - stack % 4096, stack)
+        except OSError:
+            return None
+    finally:
+        os.close(fd)
+    for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
+        name = _segments.name_at(word)
+        if name is not None and not _is_system(name):
+            return line, name, ticks
+    return None

@@ -58,6 +58,10 @@ STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # BATCH: how many items the current call works on (a Dataset's __getitems__, or
 # collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
+ORPHAN_WAIT = 3.0
+"""Seconds without progress after which a busy worker's wait is looked at (``Watch.orphaned``)."""
+ORPHAN_CONFIRM = 2.0
+"""Seconds the same wait must then last, with the worker using no CPU, to be certain."""
 # PYTHON_SIGNAL, NATIVE_SIGNAL: the signals the worker chose for its stack dumpers (0: none).
 
 
@@ -112,6 +116,10 @@ class Watch:
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
         self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
+        # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
+        # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
+        self.lacking_pools: frozenset[str] = frozenset()
+        self._waits: dict[int, tuple[str, int, float]] = {}
         now = time.monotonic()
         for worker_id in range(num_workers):
             self.slots[worker_id * FIELDS + LAST] = now
@@ -263,6 +271,41 @@ class Watch:
                     self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
                     continue
                 found.append((worker_id, waited, limit, state, items, batch))
+        return found
+
+    def orphaned(
+        self, alive: list[bool], pids: list[int | None]
+    ) -> list[tuple[int, float, float, float, float, float]]:
+        """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit.
+
+        A worker's main thread that waits, using no CPU, in the same system call
+        for ``ORPHAN_CONFIRM`` seconds, inside a library whose threads were
+        live in the parent at the fork (``lacking_pools``) waits for threads
+        it does not have: nothing in the worker can wake it.
+        """
+        if not self.lacking_pools:
+            return []
+        from . import thread_owners
+
+        now = time.monotonic()
+        found = []
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            pid = pids[worker_id] if worker_id < len(pids) else None
+            state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
+            waited = now - max(last, self.resumed[worker_id])
+            if state == IDLE or not alive[worker_id] or pid is None or waited < ORPHAN_WAIT:
+                self._waits.pop(worker_id, None)
+                continue
+            wait = thread_owners.wait_of(pid)
+            if wait is None or wait[1] not in self.lacking_pools:
+                self._waits.pop(worker_id, None)
+                continue
+            seen = self._waits.get(worker_id)
+            if seen is None or seen[:2] != (wait[0], wait[2]):
+                self._waits[worker_id] = (wait[0], wait[2], now)
+            elif now - seen[2] >= ORPHAN_CONFIRM:
+                found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
         return found
 
     def ready_flags(self, worker_id: int) -> int:
@@ -594,7 +637,9 @@ def _check(iterator: Any, watch: Watch) -> None:
         raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
-    stalled = watch.stalled(alive, pids)
+    stalled, certain = watch.stalled(alive, pids), False
+    if not stalled:
+        stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
         return
     from . import _stall_report  # only once a worker stalled
@@ -611,6 +656,7 @@ def _check(iterator: Any, watch: Watch) -> None:
             python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
             native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
         )
+        report.certain = certain
         report.collating = int(batch) if state == COLLATING else 0
         report.batch = int(batch)
         reports.append(report)
