@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, _stacks, backends, forkstate, native
+from . import _registry, _stacks, backends, forkstate, native, native_libraries
 from ._options import get_options
 from .hook_names import FILES, H5PY, PIN_MEMORY, THREADPOOLS, TORCH, ZARRS
 
@@ -237,6 +237,15 @@ def _pin_memory_thread(thread: threading.Thread) -> bool:
     return getattr(target, "__name__", "") == "_pin_memory_loop"
 
 
+_UNSAFE_FORK_WILL = {
+    "auto": "a loader starts its workers with a forkserver if its Dataset pickles, else raises UnsafeForkError",
+    "raise": "a loader raises UnsafeForkError instead of forking",
+    "forkserver": "a loader starts its workers with a forkserver",
+    "warn": "a loader forks with an UnsafeForkWarning",
+    "ignore": "a loader forks silently",
+}
+
+
 def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
     """Everything live at fork, each with its status: "handled" (by the hook in ``handled_by``),
     "breaks" (with a ``remedy``), "unknown" (native threads of a library no backend knows) or
@@ -270,7 +279,16 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
     groups: dict[str, list[forkstate.ForeignThread]] = {}
     for thread in state.native_threads:
         groups.setdefault(_classify(libraries.get(thread.tid, []), thread.library, thread.name), []).append(thread)
+    paths: dict[str, str] = {}  # an unknown owner's shared object, for the table of native libraries
+    for thread in state.native_threads:
+        found = [*libraries.get(thread.tid, []), *([thread.library] if thread.library else [])]
+        if found:
+            paths.setdefault(_classify(libraries.get(thread.tid, []), thread.library, thread.name), found[0])
     for owner, threads in sorted(groups.items()):
+        known = native_libraries.known(paths[owner]) if owner in paths else None
+        if known is not None and known.fork == native_libraries.SURVIVES:
+            add("native threads", owner, f"{len(threads)} native thread(s) of {owner}", "harmless", known.by)
+            continue
         tids = [t.tid for t in threads]
         names = sorted({t.name for t in threads} - UNNAMED)
         what = (
@@ -343,14 +361,19 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 forkserver,
             )
         else:
-            add(
-                "native threads",
-                owner,
-                f"{what}: a pool or lock they own is inherited in whatever state it was",
-                "unknown",
-                remedy=f"no backend knows {owner}; if a worker stalls in it (the stall watchdog names it, "
-                f"stall_timeout={options.stall_timeout}), {forkserver}",
-            )
+            if known is not None and known.fork == native_libraries.ABORTS:
+                remedy = f"its own setting: {known.remedy}, or " if known.remedy else ""
+                add("pool", owner, f"{what}: {known.by}", "breaks", remedy=remedy + forkserver)
+            else:
+                add(
+                    "native threads",
+                    owner,
+                    f"{what}: a pool they serve is inherited without them",
+                    "unknown",
+                    remedy=f"no backend knows {owner}: with on_unsafe_fork={options.on_unsafe_fork!r} "
+                    + _UNSAFE_FORK_WILL.get(options.on_unsafe_fork, "")
+                    + f"; a worker waiting in it is named within seconds (stall_timeout={options.stall_timeout})",
+                )
     for entry in _open_h5py_files():
         writable = entry["mode"] != "r"
         what = f"open h5py file {entry['path']} (mode {entry['mode']!r}): workers would share the parent's HDF5 handle"
@@ -435,7 +458,7 @@ def summary(hazards: list[dict[str, Any]]) -> str:
         return (
             "Nothing known to break: every live state safeloader recognises is handled; unknown to it: "
             + ", ".join(h["subject"] for h in unknown)
-            + " (if a worker stalls there, use on_unsafe_fork='forkserver')."
+            + f" ({_UNSAFE_FORK_WILL.get(get_options().on_unsafe_fork, 'see on_unsafe_fork')})."
         )
     if any(h["status"] == "handled" for h in hazards):
         return "Nothing to do: everything live in this process is handled at fork (by the hook named for each)."

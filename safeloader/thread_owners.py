@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from bisect import bisect_right
 
 __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
@@ -131,22 +132,46 @@ def library_of(tid: int) -> str | None:
     return where if where is not None and not _is_system(where) else None
 
 
+# A pool's threads spin a little after their last task (rayon: a few milliseconds) before
+# they block: a thread never attributed that is running now is asked again, this often.
+_RUNNING_RETRIES = 50
+_RUNNING_PAUSE = 0.001
+
+
 def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
     """``library_of`` for each (tid, kernel name) of ``threads``, kept once found (a thread
-    keeps its owner; one running now is asked again next time)."""
+    keeps its owner). One never attributed that runs now is asked again for up to 50 ms, then
+    again next time."""
     global _owners
     if _owners[0] != os.getpid():  # a forked child: thread ids of another process
         _owners = (os.getpid(), {})
     known = _owners[1]
-    found = {}
-    for tid, name in threads:
-        library = known.get((tid, name))
-        if library is None:
-            library = library_of(tid)
-            if library is not None:
-                known[(tid, name)] = library
-        found[tid] = library
+    found: dict[int, str | None] = {}
+    pending = list(threads)
+    for attempt in range(_RUNNING_RETRIES + 1):
+        running = []
+        for tid, name in pending:
+            library = known.get((tid, name))
+            if library is None:
+                library = library_of(tid)
+                if library is not None:
+                    known[(tid, name)] = library
+                elif _is_running(tid):
+                    running.append((tid, name))
+            found[tid] = library
+        if not running or attempt == _RUNNING_RETRIES:
+            break
+        pending = running
+        time.sleep(_RUNNING_PAUSE)
     return found
+
+
+def _is_running(tid: int) -> bool:
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            return f.read(7) == "running"
+    except OSError:
+        return False
 
 
 def wait_of(pid: int) -> tuple[str, str, int] | None:

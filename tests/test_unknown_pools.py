@@ -10,6 +10,7 @@ before any worker starts when it does not.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sysconfig
@@ -118,3 +119,23 @@ def test_a_library_known_to_survive_fork_only_from_a_release_on_is_judged_by_the
     assert not Known(("numpy",), SURVIVES, "", since="999.1").applies("numpy")
     assert not Known(("x",), SURVIVES, "", since="1.0").applies("no-such-distribution")
     assert native_libraries._numbers("2.0.1rc1") == (2, 0, 1)
+
+
+def test_doctor_tells_an_unknown_pool_from_one_that_survives_fork(tiny_pool):
+    out = check_python(
+        f"""
+import ctypes, json
+lib = ctypes.CDLL({str(tiny_pool)!r}); lib.pool_start(2); lib.pool_square(2)
+from tokenizers import Tokenizer, models
+Tokenizer(models.WordLevel({{"a": 0, "[UNK]": 1}}, unk_token="[UNK]")).encode_batch(["a a"] * 5000)
+import safeloader
+live = safeloader.doctor(file=None)["live_at_fork"]
+print(json.dumps({{h["subject"]: [h["status"], h["safeloader_will"]] for h in live}}))
+""",
+        timeout=60,
+    ).stdout
+    live = json.loads(out)
+    assert live["libtinypool.so"][0] == "unknown", live
+    assert "with on_unsafe_fork='auto' a loader starts its workers with a forkserver" in live["libtinypool.so"][1]
+    tokenizers = next(key for key in live if key.startswith("tokenizers"))
+    assert live[tokenizers] == ["harmless", "turns its parallelism off in a forked child (and says so once)"], live

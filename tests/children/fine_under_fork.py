@@ -1,0 +1,86 @@
+"""Libraries whose threads are live in the parent but that are fine under fork: no false alarm.
+
+The parent uses tokenizers (a rayon pool that turns itself off in a forked child), pyarrow
+(thread pools Arrow restarts after fork), polars (its backend), sqlite, zarr (its asyncio
+thread), a logging QueueListener and a tqdm monitor thread; then a safeloader loader with
+default arguments reads every one of them in 2 forked workers. Prints ``LIVE <packages owning
+live native threads>``, ``ITEMS <list>`` (each item: its values and whether a forked child of this process made it) and
+``UNSAFE <n>``: the UnsafeForkWarnings and UnsafeForkErrors raised (0 expected).
+"""
+
+import logging
+import logging.handlers
+import os
+import queue
+import sqlite3
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+import zarr
+from tokenizers import Tokenizer, models, pre_tokenizers
+from tqdm import tqdm
+
+import safeloader
+import safeloader._unsafe_fork
+import safeloader.native_libraries
+
+directory = Path(sys.argv[1])
+tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+tokenizer.encode_batch(["a b a"] * 10_000)  # large enough for its rayon pool
+pq.write_table(pa.table({"x": np.arange(200_000)}), directory / "t.parquet")
+array = zarr.open_array(directory / "a.zarr", mode="w", shape=(40,), chunks=(10,), dtype="i8")
+array[:] = np.arange(40)
+database = directory / "d.sqlite"
+with sqlite3.connect(database) as connection:
+    connection.execute("create table t (x integer)")
+    connection.executemany("insert into t values (?)", [(i,) for i in range(10)])
+listener = logging.handlers.QueueListener(queue.Queue())
+listener.start()
+for _ in tqdm(range(3), mininterval=0, file=open(os.devnull, "w")):  # tqdm's monitor thread
+    pass
+
+
+def values(index: int) -> list[int]:
+    tokens = len(tokenizer.encode_batch(["a b a"] * 500)[index % 2].ids)
+    arrow = int(pc.sum(pq.read_table(directory / "t.parquet")["x"]).as_py() % 1000)
+    frame = int(pl.DataFrame({"a": np.arange(10_000) % 7}).group_by("a").len().height)
+    with sqlite3.connect(database) as connection:
+        rows = connection.execute("select count(*) from t where x < ?", (index,)).fetchone()[0]
+    return [tokens, arrow, frame, rows, int(array[index * 5])]
+
+
+class FineUnderFork(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[list[int], bool]:
+        return values(index), os.getppid() == PARENT
+
+
+PARENT = os.getpid()
+expected = [values(i) for i in range(4)]  # every pool is live in the parent now
+time.sleep(0.2)  # and idle, as between the steps of a program (rayon's threads spin a while first)
+live = safeloader._unsafe_fork._live_libraries()
+print("LIVE", sorted({safeloader.native_libraries.package_of(library) for library in live}))
+unsafe = 0
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        items = list(safeloader.DataLoader(FineUnderFork(), batch_size=None, num_workers=2))
+    except safeloader.UnsafeForkError as exc:
+        items, unsafe = [], 1
+        print(exc)
+unsafe += sum(issubclass(w.category, safeloader.UnsafeForkWarning) for w in caught)
+assert [list(map(int, v)) for v, _ in items] == expected, (items, expected)
+print("ITEMS", [(list(map(int, v)), bool(forked)) for v, forked in items])
+print("UNSAFE", unsafe)
+listener.stop()
