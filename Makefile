@@ -23,12 +23,13 @@ PYTHON_LATEST ?= $(shell scripts/find-python313)
 VENV_LATEST := .venv-latest
 PY_LATEST := $(VENV_LATEST)/bin/python
 
-# --no-compile: a module is compiled when first imported; compiling every installed module up front
-# (torch, ray, lightning...: about 18000 files) costs CPU that the tests need.
+# COMPILE: where PYTHONDONTWRITEBYTECODE is set (as on CI) Python writes no .pyc, so every test child
+# would compile every module it imports again: pip compiles the installed packages at install (keep
+# it: no --no-compile), and `make test` compiles this checkout's own (about 0.1 s per child).
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[test,bench,docs]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench,docs]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -38,7 +39,7 @@ $(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
 	rm -rf $(VENV_LATEST)
 	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
 	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --no-compile --upgrade -e '.[test,bench,docs]'
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench,docs]'
 	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
 	touch $@
 
@@ -51,6 +52,7 @@ test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
+	$(PY) -m compileall -q safeloader tests benchmarks  # see COMPILE below
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The newest stack checks safeloader itself; the torch_baseline tests (torch's own loader
@@ -58,6 +60,7 @@ test: setup
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
 	$(PY_LATEST) -m mkdocs build --strict --quiet --site-dir build/site-latest
+	$(PY_LATEST) -m compileall -q safeloader tests benchmarks
 	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline"
 
 # The pins resolve on the public package index alone (metadata only, nothing installed):
