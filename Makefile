@@ -52,7 +52,7 @@ test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
-	$(PY) -m compileall -q safeloader tests benchmarks  # see COMPILE below
+	$(PY) -m compileall -q safeloader tests benchmarks  # see COMPILE above
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The newest stack checks safeloader itself; the torch_baseline tests (torch's own loader

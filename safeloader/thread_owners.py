@@ -75,7 +75,8 @@ class _Segments:
 
 
 _segments: _Segments | None = None
-_owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it waits for)
+_owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it started in)
+_waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
 
 
 def _is_system(path: str) -> bool:
@@ -140,11 +141,11 @@ _RUNNING_PAUSE = 0.001
 
 def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
     """``library_of`` for each (tid, kernel name) of ``threads``, kept once found (a thread
-    keeps its owner). One never attributed that runs now is asked again for up to 50 ms, then
-    again next time."""
-    global _owners
+    keeps its owner). One seen running the first time it is asked is asked again for up to
+    50 ms (a pool's threads spinning after work); after that, once per call, with no wait."""
+    global _owners, _waited
     if _owners[0] != os.getpid():  # a forked child: thread ids of another process
-        _owners = (os.getpid(), {})
+        _owners, _waited = (os.getpid(), {}), set()
     known = _owners[1]
     found: dict[int, str | None] = {}
     pending = list(threads)
@@ -156,10 +157,11 @@ def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
                 library = library_of(tid)
                 if library is not None:
                     known[(tid, name)] = library
-                elif _is_running(tid):
+                elif (tid, name) not in _waited and _is_running(tid):
                     running.append((tid, name))
             found[tid] = library
         if not running or attempt == _RUNNING_RETRIES:
+            _waited.update(running)  # still running after the wait: busy, not spinning down
             break
         pending = running
         time.sleep(_RUNNING_PAUSE)
