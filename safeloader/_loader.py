@@ -8,6 +8,7 @@ shutdown logic run unchanged.
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 import threading
 import weakref
@@ -133,8 +134,9 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
         lacking = _unsafe_fork.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
-        if watch is not None:
+        if watch is not None and start_method == "fork":
             watch.lacking_pools = lacking
+            watch.find_lacking_pools = functools.partial(_unsafe_fork.hazards, options)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

@@ -49,7 +49,7 @@ class StallReport:
     batch: int = 1
     """Items the stuck call works on (a Dataset's __getitems__ gets the budget of each)."""
     certain: bool = False
-    """Reported before its limit: it waits, unchanged and using no CPU, in a library whose threads it lacks."""
+    """Reported before its limit: it waits, unchanged and idle, in a library whose threads it lacks."""
 
     @property
     def main_thread(self) -> PythonThread | None:
@@ -352,7 +352,7 @@ def describe(report: StallReport, full: bool = True) -> list[str]:
     if report.certain:
         lines[0] = (
             f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
-            f"while {what}, and never will: it waits, unchanged and using no CPU, inside a library whose "
+            f"while {what}, and never will: it waits, unchanged and idle, inside a library whose "
             "threads were live in the parent at the fork and do not exist in the worker."
         )
     stuck = report.stuck_frames()

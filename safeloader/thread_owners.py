@@ -176,12 +176,12 @@ def _is_running(tid: int) -> bool:
         return False
 
 
-def wait_of(pid: int) -> tuple[str, str, int] | None:
-    """What the main thread of process ``pid`` (a forked worker of this process) waits in:
-    (its system call line, the innermost object on its stack outside the C/C++ runtimes, the
-    process's CPU ticks so far); None if it runs, or it cannot be read (it ended, or /proc
-    refuses). Objects are looked up among this process's mappings: a forked worker has the same
-    ones at the same addresses, for every library loaded before its fork."""
+def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
+    """Whether the main thread of process ``pid`` (a forked worker of this process) waits inside
+    one of ``libraries``: (its system call line, the library, the process's CPU ticks so far), or
+    None if it runs, shows none of them on its innermost 16 KB of stack, or cannot be read (it
+    ended, or /proc refuses). Addresses are looked up among this process's mappings: a forked
+    worker has the same ones, at the same addresses, for every library loaded before its fork."""
     global _segments
     try:
         with open(f"/proc/{pid}/syscall") as f:
@@ -216,6 +216,6 @@ def wait_of(pid: int) -> tuple[str, str, int] | None:
         os.close(fd)
     for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
         name = _segments.name_at(word)
-        if name is not None and not _is_system(name):
+        if name is not None and name in libraries:
             return line, name, ticks
     return None

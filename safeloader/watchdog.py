@@ -61,7 +61,10 @@ PYTHON_READY, NATIVE_READY = 1, 2
 ORPHAN_WAIT = 3.0
 """Seconds without progress after which a busy worker's wait is looked at (``Watch.orphaned``)."""
 ORPHAN_CONFIRM = 2.0
-"""Seconds the same wait must then last, with the worker using no CPU, to be certain."""
+"""Seconds the same wait must then last, with the worker near idle, to be certain."""
+ORPHAN_IDLE_TICKS = 10
+"""CPU ticks (10 ms) the whole worker may use meanwhile (a helper thread's timer); a pool at work
+for the main thread uses far more."""
 # PYTHON_SIGNAL, NATIVE_SIGNAL: the signals the worker chose for its stack dumpers (0: none).
 
 
@@ -119,6 +122,7 @@ class Watch:
         # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
         # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
         self.lacking_pools: frozenset[str] = frozenset()
+        self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
         self._waits: dict[int, tuple[str, int, float]] = {}
         now = time.monotonic()
         for worker_id in range(num_workers):
@@ -278,17 +282,15 @@ class Watch:
     ) -> list[tuple[int, float, float, float, float, float]]:
         """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit.
 
-        A worker's main thread that waits, using no CPU, in the same system call
-        for ``ORPHAN_CONFIRM`` seconds, inside a library whose threads were
-        live in the parent at the fork (``lacking_pools``) waits for threads
-        it does not have: nothing in the worker can wake it.
+        A worker's main thread that waits in the same system call for
+        ``ORPHAN_CONFIRM`` seconds, the worker near idle, inside a library
+        whose threads were live in the parent at the fork (``lacking_pools``),
+        waits for threads it does not have: nothing in the worker can wake it.
         """
-        if not self.lacking_pools:
-            return []
         from . import thread_owners
 
         now = time.monotonic()
-        found = []
+        found: list[tuple[int, float, float, float, float, float]] = []
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             pid = pids[worker_id] if worker_id < len(pids) else None
@@ -297,12 +299,19 @@ class Watch:
             if state == IDLE or not alive[worker_id] or pid is None or waited < ORPHAN_WAIT:
                 self._waits.pop(worker_id, None)
                 continue
-            wait = thread_owners.wait_of(pid)
-            if wait is None or wait[1] not in self.lacking_pools:
+            if not self.lacking_pools and self.find_lacking_pools is not None:
+                # None found at the start: a pool's threads still running then (a loaded machine
+                # schedules them late) could not be attributed. Looked for again, once, now.
+                self.lacking_pools = frozenset(hazard.library for hazard in self.find_lacking_pools())
+                self.find_lacking_pools = None
+            if not self.lacking_pools:
+                return found
+            wait = thread_owners.wait_in(pid, self.lacking_pools)
+            if wait is None:
                 self._waits.pop(worker_id, None)
                 continue
             seen = self._waits.get(worker_id)
-            if seen is None or seen[:2] != (wait[0], wait[2]):
+            if seen is None or seen[0] != wait[0] or wait[2] - seen[1] > ORPHAN_IDLE_TICKS:
                 self._waits[worker_id] = (wait[0], wait[2], now)
             elif now - seen[2] >= ORPHAN_CONFIRM:
                 found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))

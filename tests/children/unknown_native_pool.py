@@ -2,8 +2,9 @@
 or FFmpeg's), started and used once in the parent; 2 workers read 6 items through it.
 
 argv: the built library, ``torch`` or ``safeloader`` (whose DataLoader), an ``on_unsafe_fork``
-policy (``default``: not passed), and ``pickles`` or ``unpicklable`` (the Dataset also holds a
-lock, as one holding an open connection would). Prints the items, or the error's type and message,
+policy (``default``: not passed; ``missed``: default, the pool's threads not found at the start),
+and ``pickles`` or ``unpicklable`` (the Dataset also holds a lock, as one holding an open
+connection would). Prints the items, or the error's type and message,
 then each warning's category and message.
 """
 
@@ -38,6 +39,17 @@ class SquaresThroughThePool(torch.utils.data.Dataset):
 
 if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
     assert pool().pool_square(3) == 9  # the parent's pool is live
+    if policy == "missed":  # as on a loaded machine, where the pool's threads still ran at the start
+        import safeloader._unsafe_fork
+
+        found_at_start = safeloader._unsafe_fork._live_libraries
+        safeloader._unsafe_fork._live_libraries = lambda: {}
+
+        def restore(*args: object) -> None:
+            safeloader._unsafe_fork._live_libraries = found_at_start
+
+        safeloader.register_at_fork(after_in_parent=restore, name="restore")
+        policy = "default"
     keywords = {} if policy == "default" or which == "torch" else {"on_unsafe_fork": policy}
     loader_class = torch.utils.data.DataLoader if which == "torch" else safeloader.DataLoader
     with warnings.catch_warnings(record=True) as caught:
