@@ -84,52 +84,73 @@ def _is_system(path: str) -> bool:
     return not path or any(base.startswith(prefix) for prefix in SYSTEM_LIBRARIES)
 
 
-def _stack_words(stack: int, end: int) -> bytes:
-    """This process's memory from ``stack`` to ``end`` (at most ``_STACK_BYTES``); the descriptor
-    is not kept (a forked worker would inherit it, naming its parent)."""
-    fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+def _memory(process: str, address: int, length: int) -> bytes:
+    """``length`` bytes of ``/proc/<process>/mem`` from ``address`` (to the end of its page, where
+    the mapping ends sooner); the descriptor is not kept (a forked worker would inherit it).
+    Raises OSError where it is unmapped or /proc refuses."""
+    fd = os.open(f"/proc/{process}/mem", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.pread(fd, min(end - stack, _STACK_BYTES), stack)
+        try:
+            return os.pread(fd, length, address)
+        except OSError:
+            return os.pread(fd, 4096 - address % 4096, address)
     finally:
         os.close(fd)
+
+
+def _blocked_at(syscall_path: str) -> tuple[str, int, int] | None:
+    """(the line, stack pointer, instruction pointer) of a thread blocked in a system call, from its
+    ``/proc/.../syscall``; None if it runs, ended, or the line has no pointers."""
+    try:
+        with open(syscall_path) as f:
+            line = f.read().strip()
+        fields = line.split()
+        if len(fields) < 3 or fields[0] == "running":
+            return None
+        return line, int(fields[-2], 16), int(fields[-1], 16)
+    except (OSError, ValueError):
+        return None
+
+
+def _mappings() -> _Segments:
+    global _segments
+    if _segments is None:
+        _segments = _Segments()
+    _segments.refresh()
+    return _segments
+
+
+def _objects_on(data: bytes, segments: _Segments) -> list[str]:
+    """The objects outside the C/C++ runtimes that the words of ``data`` point into, in order."""
+    found = []
+    for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
+        name = segments.name_at(word)
+        if name is not None and not _is_system(name):
+            found.append(name)
+    return found
 
 
 def library_of(tid: int) -> str | None:
     """The object (its path as mapped) that thread ``tid`` was started in, while it is blocked in
     a system call: the outermost object on its stack outside the C/C++ runtimes, else the one its
     instruction pointer is in. None if it runs, ended, or shows none."""
-    global _segments
-    try:
-        with open(f"/proc/self/task/{tid}/syscall") as f:
-            fields = f.read().split()
-    except OSError:
+    blocked = _blocked_at(f"/proc/self/task/{tid}/syscall")
+    if blocked is None:
         return None
-    if len(fields) < 3 or fields[0] == "running":
-        return None
-    try:
-        stack, pc = int(fields[-2], 16), int(fields[-1], 16)
-    except ValueError:
-        return None
-    if _segments is None:
-        _segments = _Segments()
-    _segments.refresh()
-    end = _segments.mapping_end(stack)
+    _, stack, pc = blocked
+    segments = _mappings()
+    end = segments.mapping_end(stack)
     if end is None:  # a stack mapped since the last read
-        _segments.refresh(force=True)
-        end = _segments.mapping_end(stack)
-    outermost = None
+        segments.refresh(force=True)
+        end = segments.mapping_end(stack)
     if end is not None:
         try:
-            data = _stack_words(stack, end)
+            objects = _objects_on(_memory("self", stack, min(end - stack, _STACK_BYTES)), segments)
         except OSError:  # the thread exited meanwhile
             return None
-        for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
-            name = _segments.name_at(word)
-            if name is not None and not _is_system(name):
-                outermost = name
-    if outermost is not None:
-        return outermost
-    where = _segments.name_at(pc)
+        if objects:
+            return objects[-1]
+    where = segments.name_at(pc)
     return where if where is not None and not _is_system(where) else None
 
 
@@ -182,40 +203,17 @@ def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
     None if it runs, shows none of them on its innermost 16 KB of stack, or cannot be read (it
     ended, or /proc refuses). Addresses are looked up among this process's mappings: a forked
     worker has the same ones, at the same addresses, for every library loaded before its fork."""
-    global _segments
+    blocked = _blocked_at(f"/proc/{pid}/syscall")
     try:
-        with open(f"/proc/{pid}/syscall") as f:
-            line = f.read().strip()
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read().rsplit(")", 1)[1].split()
         ticks = int(stat[11]) + int(stat[12])  # utime + stime (fields 14 and 15)
+        if blocked is None:
+            return None
+        data = _memory(str(pid), blocked[1], 16384)
     except (OSError, ValueError, IndexError):
         return None
-    fields = line.split()
-    if len(fields) < 3 or fields[0] == "running":
-        return None
-    try:
-        stack = int(fields[-2], 16)
-    except ValueError:
-        return None
-    if _segments is None:
-        _segments = _Segments()
-    _segments.refresh()
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.pread(fd, 16384, stack)
-    except OSError:
-        try:
-            data = os.pread(fd, 4096 - stack % 4096, stack)
-        except OSError:
-            return None
-    finally:
-        os.close(fd)
-    for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
-        name = _segments.name_at(word)
-        if name is not None and name in libraries:
-            return line, name, ticks
+    for name in _objects_on(data, _mappings()):
+        if name in libraries:
+            return blocked[0], name, ticks
     return None
