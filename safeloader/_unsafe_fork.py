@@ -1,7 +1,7 @@
 """``on_unsafe_fork``: what a loader does when its parent holds a pool no backend resets.
 
 Checked in the parent when a loader is about to fork its workers. Every live
-native thread is attributed to the shared object it waits in (``thread_owners``,
+native thread is attributed to the shared object it was started in (``thread_owners``,
 read from /proc without stopping it, once per thread); each object is looked up
 in ``native_libraries``. A hazard is a library with live threads that is
 

@@ -1,8 +1,8 @@
 """What safeloader knows about native libraries whose threads a forked worker does not get.
 
 One table, read by the fork check (``on_unsafe_fork``), ``doctor`` and the
-stall report. A live native thread is attributed to the shared object it waits
-in (``thread_owners``); that object is then one of:
+stall report. A live native thread is attributed to the shared object it was
+started in (``thread_owners``); that object is then one of:
 
 - handled by a backend, which resets or limits it around the fork;
 - known to survive fork by itself (the library resets its pool in the child, or
