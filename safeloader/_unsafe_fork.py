@@ -106,8 +106,7 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     else:
         note = ""
     kinds = native_pools.runtimes(library)
-    possessive = "'" if package.endswith("s") else "'s"
-    what = f"{package}{possessive} {' and '.join(kinds) or 'native threads'}"
+    what = native_pools.describe(library, kinds)
     if package != os.path.basename(library):
         what += f" ({os.path.basename(library)})"
     return Hazard(library, package, count, what, note)

@@ -102,12 +102,10 @@ def extension_modules(path: str) -> list[str]:
 
 
 def owner(path: str) -> str:
-    """The name of the Python package that loaded ``path`` ("polars"), or the library's file name."""
-    names = extension_modules(path)
-    public = [name for name in names if not name.split(".")[0].startswith("_")]
-    if public or names:
-        return (public or names)[0].split(".")[0]
-    return os.path.basename(_realpath(path))
+    """The name of the Python package that ships ``path`` ("polars"), or the library's file name."""
+    from .native_libraries import package_of
+
+    return package_of(path)
 
 
 def describe(path: str, kinds: tuple[str, ...]) -> str:
