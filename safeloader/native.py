@@ -157,7 +157,13 @@ def _kernel_thread_name(tid: int) -> str:
 
 def thread_census() -> ThreadCensus:
     """Every OS thread of this process, and which ones Python did not start."""
-    python_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+    main = threading.main_thread()
+    python_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id and t is not main}
+    if main.is_alive():
+        # The main thread is the process's first, whose thread id is the pid. Its native_id is
+        # wrong in a process that was itself forked (a multiprocessing or forkserver child, a
+        # fork server's): CPython's threading keeps the forking parent's id for it.
+        python_threads[os.getpid()] = main.name
     python, foreign = [], []
     for tid in thread_ids():
         if tid in python_threads:

@@ -22,12 +22,15 @@ def _is_multiprocessing_service(process: psutil.Process) -> bool:
 
 @pytest.fixture(autouse=True)
 def subprocess_deadline(request):
-    """Children run by tests/subproc.py end before the test's own pytest-timeout does."""
+    """Children run by tests/subproc.py end before the test's own pytest-timeout does, and start
+    from scratch in tests marked ``fresh_interpreter``."""
     marker = request.node.get_closest_marker("timeout")
     seconds = marker.args[0] if marker is not None and marker.args else request.config.getini("timeout")
     subproc.test_deadline = time.monotonic() + float(seconds) if seconds else None
+    subproc.warm_allowed = request.node.get_closest_marker("fresh_interpreter") is None
     yield
     subproc.test_deadline = None
+    subproc.warm_allowed = True
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +44,8 @@ def no_orphan_processes():
         found = []
         for process in me.children(recursive=True):
             try:
+                if process.pid in subproc.warm_server_pids():  # lives as long as this process; not its children
+                    continue
                 if process.status() == psutil.STATUS_ZOMBIE or _is_multiprocessing_service(process):
                     continue
                 found.append(process)

@@ -11,12 +11,23 @@ main thread of every process of the child's tree stayed asleep in the same
 kernel wait using no CPU, the tree as a whole stayed near idle, and nothing was
 printed. A child that is slow but working uses CPU or prints, and is left to
 its deadline.
+
+A child is a fork of a warm interpreter that has already imported torch
+(``tests/warm_interpreter.py``: a child then costs about 0.2 CPU-seconds
+instead of 1.6), unless its environment differs in a variable read at start-up,
+it passes interpreter options, or its test is marked ``fresh_interpreter``
+(the test is about what a fresh process has imported or running). Either way
+it is its own process group, with its own stdout, stderr, cwd and environment.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from . import warm_interpreter
 
 REPO = str(Path(__file__).resolve().parent.parent)
 CHILDREN = Path(__file__).resolve().parent / "children"
@@ -148,15 +161,17 @@ def _run(
     child_env = {**os.environ, **(env or {})}
     timeout = _within_test_deadline(timeout)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=err,
-            text=True,
-            env=child_env,
-            cwd=cwd,
-            start_new_session=True,  # its own process group, so workers die with it
-        )
+        process = _start_warm(command, child_env, cwd, out, err)
+        if process is None:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=err,
+                text=True,
+                env=child_env,
+                cwd=cwd,
+                start_new_session=True,  # its own process group, so workers die with it
+            )
         returncode, hang = _wait(process, timeout, expect_hang, out, err)
         try:
             os.killpg(process.pid, signal.SIGKILL)
@@ -168,6 +183,144 @@ def _run(
         return Result(returncode, out.read(), err.read(), timed_out=returncode is None, hang=hang)
 
 
+class WarmChild:
+    """A child forked by the warm interpreter: the part of ``subprocess.Popen`` that ``_run`` uses."""
+
+    def __init__(self, server: WarmServer, pid: int) -> None:
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        return self.returncode
+
+
+class WarmServer:
+    """``tests/warm_interpreter.py``, started on first use with one environment, for children
+    whose command line is ``python -c/-m/SCRIPT ...`` and whose environment differs from that
+    one only in variables read after start-up. A child forked from it skips importing torch
+    (about 1.3 CPU-seconds, and 0.5 more to tear it down at exit; a few hundred children per run)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.exits: dict[int, int] = {}
+
+    def start(self, command: list[str], env: dict[str, str], cwd: str | None, out, err) -> WarmChild:
+        """Fork ``command`` from this warm interpreter (started now if it is not running)."""
+        if self.sock is None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.warm_interpreter", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=REPO,
+                start_new_session=True,  # a test's signal to its own process group is not for this server
+            )
+            theirs.close()
+            self.sock = ours
+        request = {"argv": command[1:], "env": env, "cwd": os.path.abspath(cwd or os.getcwd())}
+        socket.send_fds(self.sock, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+        while True:
+            message = self._receive(60.0)
+            if message is None:
+                raise OSError("the warm interpreter did not answer in 60 s")
+            if "started" in message:
+                return WarmChild(self, message["started"])
+
+    def _receive(self, timeout: float | None) -> dict | None:
+        assert self.sock is not None
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return None
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise OSError("the warm interpreter exited")
+        message = json.loads(data)
+        if "exited" in message:
+            self.exits[message["exited"]] = message["code"]
+        return message
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.exits:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._receive(remaining) is None and remaining is not None and remaining <= 0:
+                return None
+        return self.exits.pop(pid)
+
+    def close(self) -> None:
+        """End the server (it exits when its socket closes); its children are the tests' to end."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+
+
+_WARM_SERVERS = 2
+"""Warm interpreters kept per test process, each for one environment: the suite's own, and one a
+test set (in-process code can set variables such as OMP_NUM_THREADS for good, and tests pass some)."""
+
+_warm_servers: dict[tuple, WarmServer] = {}
+_warm_failures = 0
+
+warm_allowed = True
+"""Off for tests marked ``fresh_interpreter`` (set by conftest): every child starts from scratch."""
+
+
+def _start_warm(command: list[str], env: dict[str, str], cwd: str | None, out, err) -> WarmChild | None:
+    """``command`` forked from the warm interpreter for ``env``'s start-up variables, or None
+    where it must start from scratch: a test marked ``fresh_interpreter``, an interpreter option,
+    a command that is not Python, or warm interpreters that failed three times."""
+    global _warm_failures
+    if not warm_allowed or _warm_failures >= 3 or len(command) < 2 or command[0] != sys.executable:
+        return None
+    if command[1].startswith("-") and command[1] not in ("-c", "-m"):
+        return None  # an interpreter option (-W, -X, -I, ...)
+    key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith(warm_interpreter.LATE_VARIABLES)))
+    server = _warm_servers.pop(key, None)
+    if server is None:
+        if len(_warm_servers) >= _WARM_SERVERS:
+            _warm_servers.pop(next(iter(_warm_servers))).close()  # the least recently used
+        if not _warm_servers:
+            atexit.register(_close_warm_servers)
+        server = WarmServer(dict(env))
+    _warm_servers[key] = server
+    try:
+        return server.start(command, env, cwd, out, err)
+    except OSError as error:
+        _warm_failures += 1
+        print(f"tests/subproc.py: a warm interpreter failed ({error}); a fresh one runs this child", file=sys.stderr)
+        server.close()
+        del _warm_servers[key]
+        return None
+
+
+def _close_warm_servers() -> None:
+    while _warm_servers:
+        _warm_servers.popitem()[1].close()
+
+
+def warm_server_pids() -> set[int]:
+    """The warm interpreters, which live as long as the test process (their children do not)."""
+    return {server.process.pid for server in _warm_servers.values() if server.process is not None}
+
+
 def _checked(result: Result) -> Result:
     if result.timed_out or result.returncode != 0:
         raise AssertionError(f"child process failed:\n{result}")
@@ -177,7 +330,7 @@ def _checked(result: Result) -> Result:
 def run_python(
     code: str, timeout: float, env: dict[str, str] | None = None, cwd: str | None = None, expect_hang: bool = False
 ) -> Result:
-    """Run ``code`` in a fresh interpreter (``python -c``); kill it and its workers at ``timeout``
+    """Run ``code`` as ``python -c`` does, in a child; kill it and its workers at ``timeout``
     seconds, or, with ``expect_hang``, as soon as their hang is certain."""
     return _run([sys.executable, "-c", textwrap.dedent(code)], timeout, env, cwd, expect_hang)
 

@@ -6,7 +6,8 @@ import pytest
 
 from .subproc import check_python
 
-pytestmark = pytest.mark.timeout(60)
+# What `import safeloader` imports is a fresh interpreter's question (the suite's warm one has torch).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.fresh_interpreter]
 
 BACKEND_LIBRARIES = ("zarr", "zarrs", "h5py", "threadpoolctl")
 

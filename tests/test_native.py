@@ -33,6 +33,28 @@ def test_thread_ids_agree_with_threads_running():
     assert result.stdout.strip() == "ok"
 
 
+def test_thread_census_counts_a_forked_processs_main_thread_as_python():
+    # In a process that was itself forked (a multiprocessing or forkserver child, a fork
+    # server's), CPython's threading keeps the forking parent's thread id as the main thread's
+    # native_id: the census took the main thread for a native pool's, and a stall report then
+    # blamed "python's native threads" for a lock a Python thread held.
+    result = check_python(
+        """
+        import os
+        from safeloader import native
+
+        pid = os.fork()
+        if pid == 0:
+            census = native.thread_census()
+            print(census.python == ((os.getpid(), "MainThread"),), census.foreign, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """,
+        timeout=30,
+    )
+    assert result.stdout.strip() == "True ()", result.stdout
+
+
 def test_descriptor_table_agrees_and_describes_each_descriptor():
     result = check_script("native_parity.py", "descriptor_table", timeout=30)
     assert result.stdout.strip() == "ok"

@@ -14,12 +14,16 @@ pytestmark = pytest.mark.timeout(200)
 
 # A parent thread sits inside dl_iterate_phdr (glibc's loader lock held; its
 # callback sleeps) while the workers fork: a worker's dlopen waits forever
-# (children/loader_lock_at_fork.py).
+# (children/loader_lock_at_fork.py). A fresh program's hang: forked from the suite's warm
+# interpreter (tests/warm_interpreter.py), whose torch import already did what the worker's
+# dlopen waits on here, torch's worker does not hang.
 @pytest.mark.torch_baseline
+@pytest.mark.fresh_interpreter
 def test_torch_hangs_when_a_parent_thread_holds_the_loader_lock_at_fork():
     assert run_script("loader_lock_at_fork.py", "torch", timeout=15, expect_hang=True).timed_out
 
 
+@pytest.mark.fresh_interpreter
 def test_safeloader_forks_after_a_parent_thread_releases_the_loader_lock():
     # safeloader's worker start itself needs the loader lock (its fork-time snapshot walks the
     # loaded libraries), so it waits for the other thread and forks a healthy worker.
