@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
+from . import _abandoned_locks, _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -216,7 +216,9 @@ def _stop_workers(iterator: Any, arming: _registry.Arming) -> None:
     """Stop the workers of a start that failed or was interrupted, as torch's iterator does
     (``_shutdown_workers``), and the ones it forked but did not keep yet (interrupted between
     the fork and ``self._workers.append``). Idempotent: run again if interrupted."""
+    _abandoned_locks.release_threading_lock()
     if iterator is not None:
+        _abandoned_locks.release_queue_locks(iterator)
         try:
             _torch_internals.shutdown_workers(iterator)
         except Exception:  # an __init__ cut short lacks attributes it reads: killed below

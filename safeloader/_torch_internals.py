@@ -148,12 +148,17 @@ def shutdown_workers(iterator: Any) -> None:
 
 def forget_worker_pids(iterator: Any) -> None:
     """Unregister the iterator's workers from torch's SIGCHLD handler: killing one is then
-    not reported by torch as "worker exited unexpectedly"."""
-    if getattr(iterator, "_worker_pids_set", False):
-        from torch.utils.data._utils import signal_handling
+    not reported by torch as "worker exited unexpectedly". Also where an interrupt landed
+    between torch's registration and its ``_worker_pids_set = True``: the entry, keyed by
+    ``id(iterator)``, would otherwise make the next iterator at that address fail with
+    "_set_worker_pids should be called only once"."""
+    from torch.utils.data._utils import signal_handling
 
+    try:
         signal_handling._remove_worker_pids(id(iterator))
-        iterator._worker_pids_set = False
+    except (ValueError, RuntimeError):  # none registered
+        pass
+    iterator._worker_pids_set = False
 
 
 def dataset_kind() -> Any:
