@@ -44,7 +44,7 @@ def release_threading_lock() -> None:
     """Release ``threading``'s registry lock if this thread still holds it: no caller of a
     loader start is inside ``threading``'s own ``with _active_limbo_lock`` blocks, so a hold
     here is one an interrupt abandoned."""
-    lock = getattr(threading, "_active_limbo_lock", None)
+    lock: Any = getattr(threading, "_active_limbo_lock", None)
     is_owned = getattr(lock, "_is_owned", None)
     while is_owned is not None and is_owned():
         lock.release()
