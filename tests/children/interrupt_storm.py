@@ -1,5 +1,9 @@
 """Interrupts at random moments of loader starts, hundreds of times; every start after one must work.
 
+A stress tool run by hand (``PYTHONPATH=. python tests/children/interrupt_storm.py safeloader 300
+sigint``), not by the suite: under CI's load it still finds other CPython locks an interrupt can
+abandon (issue 21). What it found is tested deterministically in tests/test_interrupts.py.
+
 argv: ``torch`` or ``safeloader`` (whose DataLoader), the number of starts, and ``alarm`` (a
 SIGALRM handler that raises, as a user's timeout would) or ``sigint`` (Ctrl-C: SIGINT to the
 process, KeyboardInterrupt). Each start gets a timer of 0-60 ms, which fires anywhere in
