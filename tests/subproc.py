@@ -189,11 +189,6 @@ class WarmChild:
     def __init__(self, server: WarmServer, pid: int) -> None:
         self.server, self.pid, self.returncode = server, pid, None
 
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.server.exit_code(self.pid, 0)
-        return self.returncode
-
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             self.returncode = self.server.exit_code(self.pid, timeout)
