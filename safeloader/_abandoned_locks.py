@@ -31,10 +31,9 @@ def release_queue_locks(iterator: Any) -> None:
         lock = getattr(getattr(queue, "_notempty", None), "_lock", None)  # threading.Condition's lock
         if lock is None:
             continue
-        if lock.acquire(timeout=HELD_BY_NOBODY_AFTER):
-            lock.release()
-            continue
         try:
+            # Taken in time: it was free (give it back). Not taken: abandoned (release it).
+            lock.acquire(timeout=HELD_BY_NOBODY_AFTER)
             lock.release()
         except RuntimeError:  # released meanwhile: it was not abandoned after all
             pass

@@ -248,9 +248,10 @@ class WarmServer:
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.exits:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self._receive(remaining) is None and remaining is not None and remaining <= 0:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 return None
+            self._receive(remaining)
         return self.exits.pop(pid)
 
     def close(self) -> None:
