@@ -69,6 +69,17 @@ def _child(loader: str, import_set: str, workers: int) -> None:
     print(json.dumps({"times": times, "extensions": extensions, "imported": imported}))
 
 
+def _compile_safeloader() -> None:
+    """Write safeloader's bytecode as an install does: torch's comes compiled from its wheel, and a
+    tree run under PYTHONDONTWRITEBYTECODE would otherwise compile each module it imports, every time."""
+    import compileall
+    import os
+
+    import safeloader
+
+    compileall.compile_dir(os.path.dirname(safeloader.__file__), quiet=1)
+
+
 def _sample(loader: str, import_set: str, workers: int) -> dict:
     command = [sys.executable, "-W", "ignore", "-m", "benchmarks.bench_first_start", "--child", loader, import_set,
                "--workers", str(workers)]
@@ -78,6 +89,7 @@ def _sample(loader: str, import_set: str, workers: int) -> dict:
 
 def run(pairs: int, workers: int, import_sets: list[str] | None = None) -> dict:
     """{import set: {"extensions", "torch ms", "safeloader ms", "ratios": [first, second, third start]}}."""
+    _compile_safeloader()
     results = {}
     for import_set in import_sets or list(IMPORT_SETS):
         samples: dict[str, list[dict]] = {"torch fork": [], "safeloader": []}

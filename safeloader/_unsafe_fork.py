@@ -92,8 +92,7 @@ def _live_libraries() -> dict[str, int]:
 def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     from . import native_pools
 
-    package = native_libraries.package_of(library)
-    entry = native_libraries.known(library, package)
+    entry, package = native_libraries.entry(library)
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
             return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["KNOWN", "Known", "is_system", "known", "package_of"]
+__all__ = ["KNOWN", "Known", "entry", "is_system", "known", "package_of"]
 
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
 SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
@@ -51,7 +51,7 @@ KNOWN: tuple[Known, ...] = (
     Known(("libgomp", "libomp", "libiomp"), HANDLED, "threadpools"),
     Known(("libopenblas", "libscipy_openblas", "libmkl", "libblis", "libflexiblas"), HANDLED, "threadpools"),
     Known(("libtorch", "libc10"), HANDLED, "torch"),  # and torch's own at-fork handler
-    Known(("polars",), HANDLED, "polars"),
+    Known(("polars", "_polars_runtime"), HANDLED, "polars"),
     Known(("zarrs",), HANDLED, "zarrs"),
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
@@ -102,6 +102,10 @@ def package_of(path: str) -> str:
     if public or names:
         top = (public or names)[0].split(".")[0]
         return top.lstrip("_") or top  # "_duckdb": the duckdb package's extension
+    return _package_by_place(path)
+
+
+def _package_by_place(path: str) -> str:
     parts = path.split(os.sep)
     for i, part in enumerate(parts[:-1]):
         if part in ("site-packages", "dist-packages") and i + 2 < len(parts):
@@ -110,6 +114,18 @@ def package_of(path: str) -> str:
                 top = top.removesuffix(suffix)
             return top.lstrip("_") or top
     return os.path.basename(path)
+
+
+def entry(path: str) -> tuple[Known | None, str]:
+    """(``known(path)``, the package that ships ``path``), found cheaply: by the object's
+    place under site-packages first, and from the imported modules (a pass over
+    ``sys.modules``, a few ms in a large program) only when that matches no entry."""
+    package = _package_by_place(path)
+    found = known(path, package)
+    if found is None:
+        package = package_of(path)
+        found = known(path, package)
+    return found, package
 
 
 def known(path: str, package: str | None = None) -> Known | None:

@@ -130,6 +130,17 @@ def _objects_on(data: bytes, segments: _Segments) -> list[str]:
     return found
 
 
+def _outermost_object(data: bytes, segments: _Segments) -> str | None:
+    """The last of ``_objects_on(data)``, found from the end: the outermost frames lie at the
+    top of the stack, so the walk stops within a few hundred words instead of reading them all."""
+    count = len(data) // _POINTER
+    for word in reversed(struct.unpack(f"{count}P", data[: count * _POINTER])):
+        name = segments.name_at(word)
+        if name is not None and not _is_system(name):
+            return name
+    return None
+
+
 def library_of(tid: int) -> str | None:
     """The object (its path as mapped) that thread ``tid`` was started in, while it is blocked in
     a system call: the outermost object on its stack outside the C/C++ runtimes, else the one its
@@ -145,11 +156,11 @@ def library_of(tid: int) -> str | None:
         end = segments.mapping_end(stack)
     if end is not None:
         try:
-            objects = _objects_on(_memory("self", stack, min(end - stack, _STACK_BYTES)), segments)
+            outermost = _outermost_object(_memory("self", stack, min(end - stack, _STACK_BYTES)), segments)
         except OSError:  # the thread exited meanwhile
             return None
-        if objects:
-            return objects[-1]
+        if outermost is not None:
+            return outermost
     where = segments.name_at(pc)
     return where if where is not None and not _is_system(where) else None
 

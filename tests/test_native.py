@@ -146,6 +146,7 @@ def test_extension_and_fallback_have_the_same_functions_and_parameters():
 def test_loaded_objects_and_signal_dispositions_agree_with_the_fallback():
     from safeloader import _native, _native_fallback
 
+    _native_fallback.loaded_objects(True, False)  # its first call may load what ctypes needs
     for release_gil in (False, True):
         assert _native.loaded_objects(True, release_gil) == _native_fallback.loaded_objects(True, release_gil)
         assert _native.loaded_objects(False, release_gil) == (_native_fallback.loaded_objects(False, False)[0], None)

@@ -196,3 +196,12 @@ def test_a_pool_started_between_two_forks_of_one_loader_is_seen_at_the_next_fork
     result = check_script("openmp_between_forks.py", timeout=60)
     workers = json.loads(result.stdout.splitlines()[-1])
     assert workers == {"0": [False, 2], "1": [True, 1]}
+
+
+def test_the_backend_finds_every_pool_threadpoolctls_whole_scan_finds_a_linked_library_too():
+    # The backend hands threadpoolctl only the loaded files whose name (or link target) it
+    # could know, once per path: the pools must be the same as its scan of every library.
+    result = check_script("threadpools_linked_library.py", timeout=60)
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["copy"] in report["whole"]
+    assert report["found"] == report["whole"]

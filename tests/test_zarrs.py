@@ -411,6 +411,16 @@ def test_every_worker_installs_the_one_spare_copy_the_parent_loaded(arrays):
     assert spare.__file__ == sys.modules["zarrs._internal"].__file__
 
 
+def test_before_the_parent_started_zarrs_pool_workers_build_their_own_and_no_copy_is_loaded(tmp_path):
+    # The spare copy (10 ms at the first start) is only for a parent whose zarrs runtime has
+    # threads. Opened lazily in the workers, the array decodes on each worker's own pool.
+    result = check_script("zarrs_pool_not_started.py", str(tmp_path), timeout=60)
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["spare loaded"] is False
+    assert [item[:3] for item in report["items"]] == [[True, "pool", "2"]] * 4
+    assert sorted(item[3] for item in report["items"]) == [0, 0, 2, 2]  # each worker's first read starts 2
+
+
 def test_no_mode_possible_raises_in_the_parent_instead_of_hanging(arrays, monkeypatch):
     parent_decodes(arrays["plain"])
     dataset = Reads(arrays["plain"])

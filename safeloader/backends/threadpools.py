@@ -68,7 +68,8 @@ class _Plan:
 # two loaders starting workers from two threads at once must not swap plans,
 # and a forked child keeps the forking thread's thread-locals.
 _fork = threading.local()
-_controller: tuple[tuple[str, ...], Any, tuple[_Pool, ...]] | None = None  # (loaded libraries, controller, pools)
+_controller: tuple[tuple[str, ...], tuple[_Pool, ...]] | None = None  # (loaded libraries, their pools)
+_seen: dict[str, _Pool | None] = {}  # each loaded path ever looked at -> its pool, or None
 
 
 @dataclass(frozen=True)
@@ -114,27 +115,60 @@ def _c_accessors(library: Any) -> tuple[Any, Any, Any]:
 
 
 def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
-    """threadpoolctl's pools, found once per set of loaded libraries.
+    """threadpoolctl's pools among the loaded ``libraries``, each path looked at once per process.
 
     Built in the parent and inherited: its ctypes handles stay valid in the
     child, which then only calls the set-threads functions (a worker pays
-    microseconds instead of a library scan). Their real paths are resolved
-    here too, not per fork (``realpath`` is an lstat per path component).
+    microseconds instead of a library scan). threadpoolctl's own scan resolves
+    the real path of every loaded object (15 ms with 300 loaded, at the first
+    loader start); here only a file whose name, or whose link's target, has a
+    BLAS/OpenMP prefix is handed to it, and a path once seen is not looked at again.
     """
     global _controller
-    if _controller is None or _controller[0] != libraries:
-        import threadpoolctl
+    if _controller is not None and _controller[0] == libraries:
+        return _controller[1]
+    import threadpoolctl
 
-        controller = threadpoolctl.ThreadpoolController()
-        torch_dir = _torch_dir()
-        pools = []
-        for library in controller.lib_controllers:
-            path = os.path.realpath(library.filepath)
-            openmp = library.user_api == "openmp"
-            in_torch = openmp and bool(torch_dir) and path.startswith(torch_dir)
-            pools.append(_Pool(library, path, openmp, in_torch, *_c_accessors(library)))
-        _controller = (libraries, controller, tuple(pools))
-    return _controller[2]
+    try:
+        prefixes = tuple(p for cls in threadpoolctl._ALL_CONTROLLERS for p in cls.filename_prefixes)
+        for path in libraries:
+            if path not in _seen:
+                _seen[path] = _pool_at(path, prefixes, threadpoolctl.ThreadpoolController)
+        found = (_seen[path] for path in libraries)
+    except AttributeError:  # a threadpoolctl whose per-path step moved: its whole scan
+        found = (_pool(library) for library in threadpoolctl.ThreadpoolController().lib_controllers)
+    pools: dict[str, _Pool] = {}
+    for pool in found:
+        if pool is not None:
+            pools.setdefault(pool.path, pool)  # one pool per real file, as threadpoolctl keeps them
+    _controller = (libraries, tuple(pools.values()))
+    return _controller[1]
+
+
+def _pool_at(path: str, prefixes: tuple[str, ...], controller_class: Any) -> _Pool | None:
+    """The pool of the object loaded from ``path``, or None when threadpoolctl has no controller for
+    it. Only a file whose name, or whose target's when it is a link (a system ``libblas.so.3`` to
+    OpenBLAS), starts with one of its controllers' ``prefixes`` is handed to threadpoolctl."""
+    if not os.path.basename(path).lower().startswith(prefixes) and not _links_to(path, prefixes):
+        return None
+    controller = controller_class._from_controllers([])
+    controller._make_controller_from_path(path)
+    return _pool(controller.lib_controllers[0]) if controller.lib_controllers else None
+
+
+def _links_to(path: str, prefixes: tuple[str, ...]) -> bool:
+    # A wheel cannot hold links: only a file outside site-packages (a system or conda lib/) is looked at.
+    if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
+        return False
+    return os.path.islink(path) and os.path.basename(os.path.realpath(path)).lower().startswith(prefixes)
+
+
+def _pool(library: Any) -> _Pool:
+    real = os.path.realpath(library.filepath)
+    openmp = library.user_api == "openmp"
+    torch_dir = _torch_dir()
+    in_torch = openmp and bool(torch_dir) and real.startswith(torch_dir)
+    return _Pool(library, real, openmp, in_torch, *_c_accessors(library))
 
 
 def _torch_dir() -> str | None:

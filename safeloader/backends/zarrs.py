@@ -5,11 +5,11 @@ opened with the zarrs pipeline. A forked worker inherits the pool without its
 threads, so its first multi-chunk decode waits forever. Per loader
 (``zarrs_mode=``) or globally (``safeloader.configure(zarrs_mode=...)``):
 
-- ``"pool"`` (default): each worker gets a private copy of zarrs' extension
-  module (``zarrs_native``) with a fresh rayon pool of ``thread_budget``
-  threads (default: cores // num_workers). The copy is loaded once in the
-  parent and never used there, so every worker inherits it unused and only
-  installs it, instead of loading the library itself.
+- ``"pool"`` (default): each worker gets a fresh rayon pool of ``thread_budget``
+  threads (default: cores // num_workers). Once zarrs' runtime has threads in
+  the parent, that is a private copy of zarrs' extension module
+  (``zarrs_native``), loaded once in the parent and never used there, so every
+  worker inherits it unused and only installs it; before, the module itself.
 - ``"serial"``: the Rust codec on the calling thread, one thread per worker.
 - ``"python"``: zarr-python's own codec pipeline (slower, no Rust).
 
@@ -29,7 +29,7 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import hook_names
+from .. import forkstate, hook_names
 from .._imports import modules_state
 from .._options import ZARRS_MODES, default_thread_budget
 from .._registry import fork_context
@@ -54,7 +54,7 @@ class Plan:
 
     mode: str
     threads: int  # rayon threads of the worker's own pool ("pool" mode)
-    copy: ModuleType | None  # the loaded, never used copy of the extension to install ("pool" mode)
+    copy: ModuleType | None  # the loaded, never used copy to install ("pool" mode, zarrs' runtime live)
     bindings: tuple[zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
 
 
@@ -67,10 +67,11 @@ _local = threading.local()  # .plan: the Plan of the worker this thread is forki
 _setup_lock = threading.Lock()
 _spare: ModuleType | None = None  # a copy of zarrs' extension loaded here and never used, made once
 _source: str | None = None  # the extension's file, kept for workers whose own module is a copy
-_resolved: dict[str, str] = {}  # requested mode -> mode in force (checks run once per process)
+_resolved: dict[tuple[str, bool], str] = {}  # (requested mode, copy needed) -> mode in force (checks run once)
 _bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
 _bindings_key: frozenset[tuple[str, ModuleType]] | None = None
 _modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was last checked
+_real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners are named
 
 
 def _new_setup_lock_in_child() -> None:
@@ -84,24 +85,25 @@ os.register_at_fork(after_in_child=_new_setup_lock_in_child)
 
 
 
-def resolve_mode(requested: str) -> str:
+def resolve_mode(requested: str, copy: bool = True) -> str:
     """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
 
-    Warns once per process on a fallback; raises if no mode can be set up.
+    ``copy``: "pool" needs the spare copy of the extension (zarrs' runtime has threads
+    here). Warns once per process on a fallback; raises if no mode can be set up.
     """
     with _setup_lock:
-        return _resolve_mode_locked(requested)
+        return _resolve_mode_locked(requested, copy)
 
 
-def _resolve_mode_locked(requested: str) -> str:
-    if requested in _resolved:
-        return _resolved[requested]
+def _resolve_mode_locked(requested: str, copy: bool) -> str:
+    if (requested, copy) in _resolved:
+        return _resolved[(requested, copy)]
     if requested not in ZARRS_MODES:
         raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {requested!r}")
     problems = []
     for mode in ZARRS_MODES[ZARRS_MODES.index(requested) :]:
         problem = zarrs_layout.MODE_PROBLEMS[mode]()
-        if problem is None and mode == "pool":
+        if problem is None and mode == "pool" and copy:
             problem = _ensure_copy()
         if problem is None:
             break
@@ -119,7 +121,7 @@ def _resolve_mode_locked(requested: str) -> str:
             ZarrsFallbackWarning,
             stacklevel=3,  # the caller of resolve_mode
         )
-    _resolved[requested] = mode
+    _resolved[(requested, copy)] = mode
     return mode
 
 
@@ -201,10 +203,27 @@ def _before() -> None:
     context = fork_context()
     if context is None:  # only armed worker forks run this hook
         return
-    mode = resolve_mode(context.options.zarrs_mode)
+    requested = context.options.zarrs_mode
+    # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
+    # started builds its own from the module it inherits (and the parent loads no copy).
+    live = requested == "pool" and runtime_live()
+    mode = resolve_mode(requested, copy=live)
     threads = thread_budget(context.num_workers, context.options.thread_budget)
-    pool = mode == "pool"
-    _local.plan = Plan(mode, threads, _spare, current_bindings()) if pool else Plan(mode, threads, None)
+    copy = mode == "pool" and live
+    _local.plan = Plan(mode, threads, _spare, current_bindings()) if copy else Plan(mode, threads, None)
+
+
+def runtime_live() -> bool:
+    """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
+    or might have: a native thread whose owner cannot be read counts as one."""
+    from .. import thread_owners
+
+    path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
+    if path is None:
+        return True
+    threads = tuple((thread.tid, thread.name) for thread in forkstate.record().native_threads)
+    real = _real_paths.get(path) or _real_paths.setdefault(path, os.path.realpath(path))
+    return any(owner is None or owner == real for owner in thread_owners.owners(threads).values())
 
 
 def _after_in_parent() -> None:
@@ -221,8 +240,10 @@ def _after_in_child() -> None:
     if plan is None:
         return
     mode = plan.mode
-    if mode == "pool":
+    if mode == "pool" and plan.copy is not None:
         mode = _install_private_pool(plan)
+    elif mode == "pool":  # the inherited module's pool was never started: it starts here, this size
+        os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
     if mode == "serial":
         _configure_serial()
     elif mode == "python":
@@ -232,7 +253,6 @@ def _after_in_child() -> None:
 
 def _install_private_pool(plan: Plan) -> str:
     """Install the worker's own copy of the extension (inherited unused); "serial" (with a warning) if that fails."""
-    assert plan.copy is not None
     # rayon sizes its global pool from this when the copy first uses it.
     os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
     old = sys.modules[zarrs_native.INTERNAL]
