@@ -19,6 +19,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
 from . import _abandoned_locks, _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
+from ._deferred_signals import DeferredSignals
 from ._options import Options, get_options
 from .errors import HookError
 
@@ -102,11 +103,11 @@ def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
     if loader.num_workers == 0 or _registry.armed() is not None:
         return start()  # no workers, or already armed by an outer call
-    with _start_lock(loader):
-        return _start_armed(loader, start)
+    with _start_lock(loader), DeferredSignals() as signals:
+        return _start_armed(loader, start, signals)
 
 
-def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
+def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals) -> Any:
     _torch_internals.check()
     if _torch_internals.uses_thread_workers(loader):
         _warn_thread_workers()
@@ -118,11 +119,12 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     # object.__setattr__ bypasses a __setattr__ that records attribute sets
     # (Lightning's, while it runs a fit), which would replay our swap later.
     #
-    # Ctrl-C (or any signal handler's exception) can land at any bytecode of the start. The
-    # fork hooks defer one that lands in them (arming.interrupt); one that lands in torch's
-    # code ends start() (failure). Either way the start is undone below, each step repeated
-    # until no interrupt cut it short, and the first interrupt is raised, as itself, once the
-    # workers already forked are stopped as torch's own iterator stops them.
+    # Ctrl-C (or any signal handler's exception) that comes during the start waits for its end
+    # (``signals.pending``): the start is then undone and it is raised, as itself, once the
+    # workers already forked are stopped as torch's own iterator stops them. A second one raises
+    # at once: the fork hooks defer one that lands in them (arming.interrupt); one that lands in
+    # torch's code ends start() (failure). Each step undoing the start is repeated until no
+    # interrupt cut it short.
     watch = arming = iterator = failure = None
     try:
         if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
@@ -158,6 +160,9 @@ def _start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     if arming is not None and arming.interrupt is not None:
         if failure is None or not _registry.is_interrupt(failure):
             failure = arming.interrupt  # a hook's error or torch's reaction to it: the interrupt came first
+    signals.restore()  # from here an interrupt is raised where it lands, as without safeloader
+    if signals.pending is not None and (failure is None or not _registry.is_interrupt(failure)):
+        failure = signals.pending  # it came first (a hook's or torch's error after it is dropped)
     if failure is None:
         failure = late or (arming.errors[0] if arming is not None and arming.errors else None)
     if failure is not None:

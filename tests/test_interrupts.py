@@ -6,9 +6,11 @@ and from another one) and no worker is left behind. Runs in a child under a dead
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.subproc import check_python, check_script
+from tests.subproc import check_python, check_script, run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -65,3 +67,52 @@ def test_what_an_interrupted_start_left_held_is_released_and_the_next_use_works(
         "pid entry forgotten: True",
     ], result
 
+
+
+# Ctrl-C during a start waits for the start's end (safeloader/_deferred_signals.py): it can no
+# longer land in torch's, multiprocessing's or threading's code and abandon a lock there.
+def interrupt_during_start(loader: str, mode: str) -> dict:
+    result = check_script("interrupt_during_start.py", loader, mode, timeout=60)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+EPOCH = [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_ctrl_c_during_a_start_is_raised_once_the_start_is_undone_not_inside_torchs_code():
+    # torch: the KeyboardInterrupt lands inside its start (in the sampler, before the first index).
+    torch_run = interrupt_during_start("torch", "once")
+    assert torch_run["raised"] and torch_run["yielded before"] == 0
+    # safeloader: the start runs to its end (the workers got their first indices), is undone,
+    # then the KeyboardInterrupt reaches the caller; no worker is left and the handler is Python's.
+    assert interrupt_during_start("safeloader", "once") == {
+        "raised": True, "yielded before": 8, "workers left": 0, "handler": "python", "next epoch": EPOCH,
+    }
+
+
+def test_a_second_ctrl_c_during_a_start_raises_at_once():
+    assert interrupt_during_start("safeloader", "twice") == {
+        "raised": True, "yielded before": 0, "workers left": 0, "handler": "python", "next epoch": EPOCH,
+    }
+
+
+def test_a_handler_the_user_installs_during_a_start_is_theirs_afterwards():
+    assert interrupt_during_start("safeloader", "replace") == {
+        "raised": True, "yielded before": 0, "workers left": 0, "handler": "own", "next epoch": EPOCH,
+    }
+
+
+# The storm (tests/children/interrupt_storm.py): interrupts at random moments of many starts.
+@pytest.mark.parametrize("kind", ["sigint", "alarm"])
+def test_every_start_after_an_interrupt_storm_works_and_no_worker_is_left(kind):
+    result = check_script("interrupt_storm.py", "safeloader", "60", kind, timeout=150)
+    done = result.stdout.splitlines()[-1].split()
+    assert done[:2] == ["done", "60"] and int(done[3]) > 0, result  # some starts were interrupted
+    assert done[4:] == ["workers-left", "0"], result
+
+
+@pytest.mark.torch_baseline
+@pytest.mark.parametrize("kind", ["sigint", "alarm"])
+def test_torchs_loader_hangs_in_the_same_storm(kind):
+    result = run_script("interrupt_storm.py", "torch", "60", kind, timeout=40, expect_hang=True)
+    assert result.timed_out, f"torch's loader was expected to hang in the storm:\n{result}"

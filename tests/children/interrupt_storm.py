@@ -1,8 +1,7 @@
 """Interrupts at random moments of loader starts, hundreds of times; every start after one must work.
 
-A stress tool run by hand (``PYTHONPATH=. python tests/children/interrupt_storm.py safeloader 300
-sigint``), not by the suite: under CI's load it still finds other CPython locks an interrupt can
-abandon (issue 21). What it found is tested deterministically in tests/test_interrupts.py.
+Run by tests/test_interrupts.py (60 starts), and by hand for longer storms
+(``PYTHONPATH=. python tests/children/interrupt_storm.py safeloader 300 sigint``).
 
 argv: ``torch`` or ``safeloader`` (whose DataLoader), the number of starts, and ``alarm`` (a
 SIGALRM handler that raises, as a user's timeout would) or ``sigint`` (Ctrl-C: SIGINT to the
@@ -13,6 +12,7 @@ thread. Prints ``start <n>`` before each start (the last one printed is where a 
 after the last start, all iterators dropped. torch's own loader hangs within the first 10
 starts: an interrupt that lands in an at-fork callback (logging's ``_releaseLock``) leaves
 logging's lock held, and the next fork, from the epoch's thread, waits for it forever.
+safeloader defers a signal handler's exception to the end of the start (_deferred_signals).
 """
 
 import gc
