@@ -277,6 +277,20 @@ class Watch:
                 found.append((worker_id, waited, limit, state, items, batch))
         return found
 
+    def quiet(self) -> bool:
+        """Whether no busy worker has gone without progress long enough for ``stalled`` or
+        ``orphaned`` to look at it (read from the heartbeats only: no system call)."""
+        now = time.monotonic()
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            state = self.slots[base + STATE]
+            if state == IDLE:
+                continue
+            waited = now - max(self.slots[base + LAST], self.resumed[worker_id])
+            if waited >= min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH])):
+                return False
+        return True
+
     def orphaned(
         self, alive: list[bool], pids: list[int | None]
     ) -> list[tuple[int, float, float, float, float, float]]:
@@ -639,11 +653,15 @@ def attach(iterator: Any, watch: Watch) -> None:
 
 def _check(iterator: Any, watch: Watch) -> None:
     watch.next_check = time.monotonic() + watch.poll_interval
-    workers = _torch_internals.worker_processes(iterator)
     failures = watch.send_failures()
     if failures:
         _shutdown_now(iterator, watch)
         raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
+    if watch.quiet():
+        # Nothing to ask the kernel: each system call lets the GIL go, and with busy threads in
+        # this process getting it back costs a switch interval (5 ms) per call.
+        return
+    workers = _torch_internals.worker_processes(iterator)
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
     stalled, certain = watch.stalled(alive, pids), False
