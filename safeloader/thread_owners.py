@@ -48,22 +48,31 @@ class _Segments:
             counters, _ = native.loaded_objects(False, release)
         if not force and counters is not None and counters == self._counters and self.starts:
             return
-        found, every = [], []
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                low, high = (int(bound, 16) for bound in fields[0].split("-"))
-                every.append((low, high))
-                if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/"):
-                    found.append((low, high, fields[5].rstrip("\n")))
-        found.sort()
-        every.sort()
+            text = maps.read()
+        starts: list[int] = []
+        ends: list[int] = []
+        names: list[str] = []
+        all_starts: list[int] = []
+        all_ends: list[int] = []
+        # "low-high perms offset dev inode path": the kernel lists mappings by address, sorted.
+        for line in text.splitlines():
+            dash = line.find("-")
+            space = line.find(" ", dash)
+            if dash <= 0 or space < 0:
+                continue
+            low, high = int(line[:dash], 16), int(line[dash + 1 : space], 16)
+            all_starts.append(low)
+            all_ends.append(high)
+            if line[space + 3 : space + 4] == "x":
+                path = line.find("/", space)
+                if path > 0:
+                    starts.append(low)
+                    ends.append(high)
+                    names.append(line[path:])
         self._counters = counters
-        self.starts = [start for start, _, _ in found]
-        self.ends = [end for _, end, _ in found]
-        self.names = [name for _, _, name in found]
-        self.all_starts = [start for start, _ in every]
-        self.all_ends = [end for _, end in every]
+        self.starts, self.ends, self.names = starts, ends, names
+        self.all_starts, self.all_ends = all_starts, all_ends
 
     def name_at(self, address: int) -> str | None:
         i = bisect_right(self.starts, address) - 1
