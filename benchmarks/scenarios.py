@@ -89,6 +89,7 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
         "h5": str(directory / "data.h5"),
         "npz": str(directory / "data.npz"),
         "file_checksum": int(records.sum(dtype=np.int64)),
+        "scale": scale,
         **n,
     }
 
@@ -408,10 +409,11 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
             "lazy per worker, fork": file_contender(fmt, "torch fork", LazyPerWorker),
             "safeloader": file_contender(fmt, "safeloader"),
         }
-    from . import scenarios_handles, scenarios_polars
+    from . import scenarios_handles, scenarios_polars, scenarios_steady
 
     table.update(scenarios_handles.table())
     table.update(scenarios_polars.table())
+    table.update(scenarios_steady.table())
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
     table["Python-heavy transform (holds the GIL)"] = {
         kind: text_contender(kind) for kind in ("torch fork", "num_workers=0", *THREADS, "safeloader")

@@ -98,22 +98,36 @@ def count_failures(loader, expected: np.ndarray, seconds: float) -> tuple[int, i
     return checked, wrong, error
 
 
-def assert_torch_loader_fails(case: str, *args: str, tries: int = 1, seconds: float = 20.0) -> str:
+FAILURES = ("hang", "wrong data", "error")
+"""How torch's own loader can fail on a case: killed at its deadline, items unequal to the direct read, or raising."""
+
+
+def assert_torch_loader_fails(case: str, *args: str, expect: str | tuple[str, ...], tries: int = 1,
+                              seconds: float = 20.0) -> str:
     """Run the Dataset that ``case`` (``"module:function"``, called with ``args``, returning
     ``(dataset, expected)``) makes under torch's own DataLoader in a fresh interpreter
-    (children/torch_loader_reads.py): it must return wrong data, raise, or hang (killed at
-    the deadline). Returns what happened.
+    (children/torch_loader_reads.py): it must fail in one of the ways ``expect`` names
+    (``FAILURES``), and no other. Returns what happened.
     ``tries`` > 1 for races that a run can miss (processes sharing one connection may
     happen to take turns): the failure must show in one of that many runs."""
+    expected = (expect,) if isinstance(expect, str) else expect
+    assert set(expected) <= set(FAILURES), f"expect must be among {FAILURES}, got {expect!r}"
     for _ in range(tries):
         result = run_script("torch_loader_reads.py", case, seconds, *args, timeout=60, expect_hang=True)
         if result.timed_out:
-            return "hang"
-        assert result.returncode == 0, f"the script itself failed:\n{result}"
-        line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
-        _, checked, wrong, error = line.split(" ", 3)
-        if int(wrong) > 0 or error != "''":
-            return f"{wrong} wrong items of {checked}" if int(wrong) else error
+            outcome, what = "hang", "hang"
+        else:
+            assert result.returncode == 0, f"the script itself failed:\n{result}"
+            line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
+            _, checked, wrong, error = line.split(" ", 3)
+            if int(wrong) > 0:
+                outcome, what = "wrong data", f"{wrong} wrong items of {checked}"
+            elif error != "''":
+                outcome, what = "error", error
+            else:
+                continue
+        assert outcome in expected, f"torch's loader was expected to fail with {expected}, but: {what}\n{result}"
+        return what
     raise AssertionError(f"torch's loader read {checked} items correctly in {tries} run(s): the failure was not shown")
 
 
