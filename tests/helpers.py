@@ -100,6 +100,9 @@ def count_failures(loader, expected: np.ndarray, seconds: float) -> tuple[int, i
 
 FAILURES = ("hang", "wrong data", "error")
 """How torch's own loader can fail on a case: killed at its deadline, items unequal to the direct read, or raising."""
+SHARED_OFFSET = ("wrong data", "error")
+"""A file's offset shared by the workers: reads land at other workers' offsets (wrong bytes, or a
+format error where the bytes do not parse), never a hang."""
 
 
 def assert_torch_loader_fails(case: str, *args: str, expect: str | tuple[str, ...], tries: int = 1,

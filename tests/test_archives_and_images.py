@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from .archives_data import ARCHIVES, IMAGE_KINDS, Opened, expected, records, write
-from .helpers import assert_torch_loader_fails, check_workers_and_parent
+from .helpers import SHARED_OFFSET, assert_torch_loader_fails, check_workers_and_parent
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
@@ -29,4 +29,4 @@ def test_opened_in_init_reads_correctly_in_4_workers(tmp_path, kind):
 @pytest.mark.parametrize("kind", ARCHIVES + IMAGE_KINDS)
 def test_same_dataset_under_torch_loader_fails(tmp_path, kind):
     path = write(kind, tmp_path)
-    assert_torch_loader_fails("tests.archives_data:opened_case", kind, path)
+    assert_torch_loader_fails("tests.archives_data:opened_case", kind, path, expect=SHARED_OFFSET)

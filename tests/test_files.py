@@ -19,6 +19,7 @@ from safeloader.backends import files as files_backend
 
 from .helpers import (
     RECORD,
+    SHARED_OFFSET,
     Records,
     assert_torch_loader_fails,
     check_random_reads,
@@ -42,7 +43,7 @@ def test_plain_files_opened_in_init_read_correctly_in_4_workers(tmp_path):
 @pytest.mark.timeout(90)
 def test_same_plain_files_under_torch_loader_give_wrong_data_or_errors(tmp_path):
     binary, text, _ = write_records(tmp_path)
-    assert_torch_loader_fails("tests.helpers:records_case", str(binary), str(text))
+    assert_torch_loader_fails("tests.helpers:records_case", str(binary), str(text), expect=SHARED_OFFSET)
 
 
 def test_parent_offset_and_buffer_are_untouched_by_workers(tmp_path):

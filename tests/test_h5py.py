@@ -17,6 +17,7 @@ from .h5py_data import H5Items, direct_h5, write_h5
 from .helpers import (
     MEMBERS,
     RECORD,
+    SHARED_OFFSET,
     assert_torch_loader_fails,
     check_random_reads,
     check_workers_and_parent,
@@ -45,7 +46,7 @@ def test_h5py_read_correctly_in_4_workers(tmp_path, driver):
 def test_same_h5py_dataset_under_torch_loader_fails(tmp_path, driver):
     path = tmp_path / "data.h5"
     write_h5(path)
-    assert_torch_loader_fails("tests.h5py_data:h5_case", str(path), driver)
+    assert_torch_loader_fails("tests.h5py_data:h5_case", str(path), driver, expect=SHARED_OFFSET)
 
 
 class InMemory(Dataset):
