@@ -72,6 +72,7 @@ _bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs mo
 _bindings_key: frozenset[tuple[str, ModuleType]] | None = None
 _modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was last checked
 _real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners are named
+_live_for: tuple[forkstate.ForkState, bool] | None = None  # runtime_live()'s answer, with the record it read
 
 
 def _new_setup_lock_in_child() -> None:
@@ -216,14 +217,20 @@ def _before() -> None:
 def runtime_live() -> bool:
     """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
     or might have: a native thread whose owner cannot be read counts as one."""
+    global _live_for
     from .. import thread_owners
 
+    state = forkstate.record()
+    if _live_for is not None and _live_for[0] is state:
+        return _live_for[1]  # a loader's later forks, same threads: nothing new to write between forks
     path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
     if path is None:
         return True
-    threads = tuple((thread.tid, thread.name) for thread in forkstate.record().native_threads)
+    threads = tuple((thread.tid, thread.name) for thread in state.native_threads)
     real = _real_paths.get(path) or _real_paths.setdefault(path, os.path.realpath(path))
-    return any(owner is None or owner == real for owner in thread_owners.owners(threads).values())
+    live = any(owner is None or owner == real for owner in thread_owners.owners(threads).values())
+    _live_for = (state, live)
+    return live
 
 
 def _after_in_parent() -> None:
