@@ -58,6 +58,7 @@ class Hazard:
     threads: int
     what: str  # "duckdb's native threads", "polars' rayon pool and tokio runtime"
     note: str = ""  # what the table knows: how it fails, its own fork-safe setting
+    aborts: bool = False  # the library itself terminates a forked child that uses it
 
     def __str__(self) -> str:
         return f"{self.what} ({self.threads} live thread{'s' if self.threads != 1 else ''})"
@@ -108,7 +109,12 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     what = native_pools.describe(library, kinds)
     if package != os.path.basename(library):
         what += f" ({os.path.basename(library)})"
-    return Hazard(library, package, count, what, note)
+    aborts = entry is not None and entry.fork == native_libraries.ABORTS
+    return Hazard(library, package, count, what, note, aborts)
+
+
+def _is_gomp(library: str) -> bool:
+    return os.path.basename(library).startswith("libgomp")
 
 
 def hazards(options: Options) -> list[Hazard]:
@@ -116,7 +122,12 @@ def hazards(options: Options) -> list[Hazard]:
     found = []
     with _lock:
         _owners.clear()
-        for library, count in sorted(_live_libraries().items()):
+        live = _live_libraries()
+        # A pool that runs on another library's threads (numba's on GNU OpenMP's): found by its state.
+        gomp_threads = sum(count for library, count in live.items() if _is_gomp(library))
+        for library in native_libraries.used_runtimes():
+            live.setdefault(library, gomp_threads)
+        for library, count in sorted(live.items()):
             if native_libraries.is_system(library):
                 continue
             hazard = _hazard(library, count, options)
@@ -196,9 +207,16 @@ def apply(loader: Any, options: Options, start_method: str) -> frozenset[str]:
     if policy == "ignore":
         return frozenset(hazard.library for hazard in found)
     held = "; ".join(str(hazard) for hazard in found)
+    fate = (
+        "is terminated by the library itself (torch's own loader's workers die there too)"
+        if all(hazard.aborts for hazard in found)
+        else "waits forever, or is terminated by the library (torch's own loader fails there too)"
+        if any(hazard.aborts for hazard in found)
+        else "waits forever (torch's own loader hangs there too)"
+    )
     stuck = (
         f"safeloader: DataLoader workers would be forked from a process holding {held}. Nothing resets "
-        "it in a forked worker: a worker that uses it waits forever (torch's own loader hangs there too)."
+        f"it in a forked worker: a worker that uses it {fate}."
     )
     if policy == "auto":
         reason = _forkserver_unusable(loader)

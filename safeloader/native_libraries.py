@@ -20,9 +20,10 @@ Entries match the object's file name (``libgomp-a34b3233.so.1``: prefix
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
-__all__ = ["KNOWN", "Known", "entry", "is_system", "known", "package_of"]
+__all__ = ["KNOWN", "Known", "entry", "is_system", "known", "package_of", "used_runtimes"]
 
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
 SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
@@ -71,13 +72,31 @@ KNOWN: tuple[Known, ...] = (
         "torch refuses CUDA in a forked worker with its own error ('Cannot re-initialize CUDA')",
     ),
     Known(("tensorstore",), ABORTS, "TensorStore aborts a forked child that uses it ('fork() use detected')"),
-    Known(
-        ("numba",),
+    Known(  # numba.np.ufunc.omppool: found by its state (used_runtimes), its threads are GNU OpenMP's
+        ("omppool",),
         ABORTS,
         "numba's OpenMP threading layer terminates a forked child that runs a parallel function",
         "NUMBA_THREADING_LAYER='workqueue' (set before numba is imported)",
     ),
+    Known(  # numba.np.ufunc.workqueue
+        ("workqueue",),
+        SURVIVES,
+        "numba's workqueue threading layer starts its threads afresh in a forked child (checked: 0.68)",
+    ),
 )
+
+
+def used_runtimes() -> list[str]:
+    """Objects of pools that run on another library's threads, used in this process (so that the
+    threads alone do not name them): numba's OpenMP layer, on GNU OpenMP's threads, terminates
+    a forked child that runs a parallel function once the parent ran one. Nothing is imported."""
+    found = []
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and getattr(parallel, "_threading_layer", None) == "omp":
+        pool = getattr(sys.modules.get("numba.np.ufunc.omppool"), "__file__", None)
+        if isinstance(pool, str):
+            found.append(pool)
+    return found
 
 
 def is_system(path: str) -> bool:

@@ -1,0 +1,45 @@
+"""Libraries that terminate a forked child themselves once the parent used them (issue: any native
+pool): numba's OpenMP threading layer and TensorStore. torch's loader loses its workers ("exited
+unexpectedly", the library's own message on stderr); safeloader finds the library before any
+worker starts and, the Dataset pickling, starts the workers with a forkserver: correct data and a
+warning that names the library and its own fork-safe setting. numba's workqueue layer survives
+fork: no warning there (a false alarm would be a defect too). Each case runs in a child
+(tests/children/aborting_library.py) under a deadline.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .subproc import check_script, run_script
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.mark.torch_baseline
+@pytest.mark.parametrize("case, message", [("numba", "Terminating: fork() called from a process already using GNU "
+                                                      "OpenMP"), ("tensorstore", "fork")])
+def test_torchs_workers_are_terminated_by_the_library(case, message):
+    result = run_script("aborting_library.py", case, "torch", timeout=90)
+    assert result.stdout.startswith("RuntimeError: DataLoader worker (pid(s) "), result
+    assert "exited unexpectedly" in result.stdout and message in result.stderr, result
+
+
+@pytest.mark.parametrize("case, named", [
+    ("numba", "numba's native threads (omppool."),
+    ("tensorstore", "tensorstore's native threads (_tensorstore."),
+])
+def test_safeloader_names_the_library_and_starts_forkserver_workers_with_correct_data(case, named):
+    lines = check_script("aborting_library.py", case, "safeloader", timeout=120).stdout.splitlines()
+    assert lines[0] == "equal to the direct read", lines
+    assert len(lines) == 2 and lines[1].startswith("UnsafeForkWarning: "), lines
+    assert named in lines[1] and "is terminated by the library itself" in lines[1], lines
+    assert "start with a preloaded forkserver instead" in lines[1], lines
+
+
+def test_numba_remedy_is_named_and_its_workqueue_layer_forks_with_no_warning():
+    numba = check_script("aborting_library.py", "numba", "safeloader", timeout=120).stdout
+    assert "NUMBA_THREADING_LAYER='workqueue'" in numba
+    assert check_script("aborting_library.py", "numba-workqueue", "safeloader", timeout=120).stdout.splitlines() == [
+        "equal to the direct read"
+    ]
