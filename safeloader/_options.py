@@ -59,6 +59,10 @@ class Options:
     "forkserver" (always switch), "warn" (fork, with an ``UnsafeForkWarning``) or "ignore"
     (fork, silently: the workers never use that library)."""
 
+    def threads_per_worker(self, num_workers: int) -> int:
+        """The thread budget of each of ``num_workers`` workers: ``thread_budget``, or the default."""
+        return self.thread_budget if self.thread_budget is not None else default_thread_budget(num_workers)
+
     def __post_init__(self) -> None:
         if self.zarrs_mode not in ZARRS_MODES:
             raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {self.zarrs_mode!r}")

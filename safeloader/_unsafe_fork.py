@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from . import native_libraries
+from . import hook_names, native_libraries
 from ._options import Options
 from .errors import UnsafeForkError
 
@@ -66,7 +66,7 @@ class Hazard:
 
 # Backends whose libraries cope without them (OpenBLAS and torch reset their pools at fork;
 # GNU OpenMP is checked below).
-_SELF_RESETTING_BACKENDS = ("threadpools", "torch")
+_SELF_RESETTING_BACKENDS = (hook_names.THREADPOOLS, hook_names.TORCH)
 
 _lock = threading.Lock()
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -134,7 +134,7 @@ def hazards(options: Options) -> list[Hazard]:
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
-    if not _backend_active("threadpools", options):
+    if not _backend_active(hook_names.THREADPOOLS, options):
         from . import forkstate
 
         state = forkstate.snapshot(pools=False, count_frozen=False)

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 import safeloader
 from safeloader import DataLoader, HookError
-from safeloader._options import ZARRS_MODES, default_thread_budget
+from safeloader._options import ZARRS_MODES, Options, default_thread_budget
 from safeloader.backends import zarrs as backend
 from safeloader.backends import zarrs_layout, zarrs_native
 from safeloader.native import thread_census
@@ -262,9 +262,9 @@ def test_pool_mode_runs_its_own_budgeted_rust_pool_others_start_no_native_thread
 
 def test_default_thread_budget_shares_the_cores_among_workers():
     cores = len(os.sched_getaffinity(0))
-    assert backend.thread_budget(2, None) == default_thread_budget(2) == max(1, cores // 2)
-    assert backend.thread_budget(4 * cores, None) == 1
-    assert backend.thread_budget(2, 5) == 5
+    assert Options().threads_per_worker(2) == default_thread_budget(2) == max(1, cores // 2)
+    assert Options().threads_per_worker(4 * cores) == 1
+    assert Options(thread_budget=5).threads_per_worker(2) == 5
 
 
 # -- versions and fallbacks ----------------------------------------------------------------

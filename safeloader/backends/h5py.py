@@ -33,7 +33,7 @@ from .._registry import fork_context
 from . import _reopen
 from ._backend import Backend
 
-NAME = "h5py"
+NAME = hook_names.H5PY
 
 
 class WritableFileWarning(UserWarning):

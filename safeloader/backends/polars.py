@@ -29,7 +29,6 @@ from types import ModuleType
 
 from .. import forkstate, hook_names
 from .._imports import modules_state
-from .._options import default_thread_budget
 from .._registry import fork_context
 from . import _extension_copy, polars_objects
 from ._backend import Backend
@@ -145,8 +144,7 @@ def _before() -> None:
     context = fork_context()
     if context is None:
         return
-    budget = context.options.thread_budget
-    threads = budget if budget is not None else default_thread_budget(context.num_workers)
+    threads = context.options.threads_per_worker(context.num_workers)
     # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
     if not any(RUNTIME_THREAD.match(thread.name) for thread in forkstate.record().native_threads):
         _local.plan = Plan(threads, None)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _registry, forkstate, hook_names
-from .._options import Options, default_thread_budget
+from .._options import Options
 from .._registry import fork_context
 from ._backend import Backend
 
@@ -188,7 +188,7 @@ def _before() -> None:
     context = fork_context()
     if context is None:
         return
-    budget = context.options.thread_budget or default_thread_budget(context.num_workers)
+    budget = context.options.threads_per_worker(context.num_workers)
     state = forkstate.record()
     pools = _pools(state.libraries)
     last = _last_plan

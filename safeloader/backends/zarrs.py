@@ -31,7 +31,7 @@ from types import ModuleType
 
 from .. import forkstate, hook_names
 from .._imports import modules_state
-from .._options import ZARRS_MODES, default_thread_budget
+from .._options import ZARRS_MODES
 from .._registry import fork_context
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from ._backend import Backend
@@ -126,11 +126,6 @@ def _resolve_mode_locked(requested: str, copy: bool) -> str:
     return mode
 
 
-def thread_budget(num_workers: int, budget: int | None) -> int:
-    """rayon threads per worker: ``budget``, or the cores shared out among the workers."""
-    return budget if budget is not None else default_thread_budget(num_workers)
-
-
 def _supported_text() -> str:
     dotted = zarrs_layout.dotted
     return ", ".join(f"{lib}>={dotted(low)},<{dotted(high)}" for lib, (low, high) in SUPPORTED_VERSIONS.items())
@@ -209,7 +204,7 @@ def _before() -> None:
     # started builds its own from the module it inherits (and the parent loads no copy).
     live = requested == "pool" and runtime_live()
     mode = resolve_mode(requested, copy=live)
-    threads = thread_budget(context.num_workers, context.options.thread_budget)
+    threads = context.options.threads_per_worker(context.num_workers)
     copy = mode == "pool" and live
     _local.plan = Plan(mode, threads, _spare, current_bindings()) if copy else Plan(mode, threads, None)
 
@@ -260,6 +255,7 @@ def _after_in_child() -> None:
 
 def _install_private_pool(plan: Plan) -> str:
     """Install the worker's own copy of the extension (inherited unused); "serial" (with a warning) if that fails."""
+    assert plan.copy is not None  # "pool" with zarrs' runtime live in the parent
     # rayon sizes its global pool from this when the copy first uses it.
     os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
     old = sys.modules[zarrs_native.INTERNAL]
