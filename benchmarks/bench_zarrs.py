@@ -184,7 +184,8 @@ copy_ms = (time.perf_counter() - start) * 1e3
 
 def in_child(mode):
     pool = mode == "pool"
-    plan = backend.Plan(mode, 1, backend._spare, backend.current_bindings()) if pool else backend.Plan(mode, 1, None)
+    spare = backend.spare_copy()
+    plan = backend.Plan(mode, 1, spare, backend.current_bindings()) if pool else backend.Plan(mode, 1, None)
     backend._local.plan = plan
     start = time.perf_counter()
     backend._after_in_child()  # what the hook does at worker start

@@ -64,10 +64,10 @@ def arrays(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def zarrs_config():
     """zarr decodes with zarrs in the test and in its workers; mode checks start afresh."""
-    backend._resolved.clear()
+    backend.forget_mode_checks()
     with zarrs_pipeline():
         yield
-    backend._resolved.clear()
+    backend.forget_mode_checks()
 
 
 def open_array(path: str, mode: str = "r") -> zarr.Array:
@@ -406,7 +406,7 @@ def test_every_worker_installs_the_one_spare_copy_the_parent_loaded(arrays):
     reference = parent_decodes(arrays["plain"])
     for _ in range(2):  # a second loader reuses the spare: the parent never used it
         check_reads(list(DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2)), reference, mode="pool")
-    spare = backend._spare
+    spare = backend.spare_copy()
     assert spare is not None and spare is not sys.modules["zarrs._internal"]
     assert spare.__file__ == sys.modules["zarrs._internal"].__file__
 

@@ -126,6 +126,23 @@ def _resolve_mode_locked(requested: str, copy: bool) -> str:
     return mode
 
 
+def resolved_modes() -> dict[tuple[str, bool], str]:
+    """(requested mode, spare copy needed) -> the mode in force, as checked so far in this process."""
+    return dict(_resolved)
+
+
+def forget_mode_checks() -> None:
+    """Check again, at the next loader start, which mode can be set up (after zarrs was
+    reinstalled in place, or between tests); a spare copy already loaded is kept."""
+    with _setup_lock:
+        _resolved.clear()
+
+
+def spare_copy() -> ModuleType | None:
+    """The copy of zarrs' extension this process loaded for its workers, or None."""
+    return _spare
+
+
 def _supported_text() -> str:
     dotted = zarrs_layout.dotted
     return ", ".join(f"{lib}>={dotted(low)},<{dotted(high)}" for lib, (low, high) in SUPPORTED_VERSIONS.items())
