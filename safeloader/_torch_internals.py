@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,46 @@ def dataset_kind() -> Any:
     from torch.utils.data import dataloader
 
     return getattr(dataloader, "_DatasetKind", None)
+
+
+def wrap_create_fetcher(wrap: Callable[[Any], Any]) -> bool:
+    """Pass every fetcher torch's worker loop creates through ``wrap`` (``_DatasetKind.create_fetcher``
+    runs right after ``worker_init_fn``, and again per epoch with persistent workers), leaving the
+    loop itself untouched; done once per process, and a forked worker inherits it. False where
+    this torch has no such factory."""
+    kind = dataset_kind()
+    original = getattr(kind, "create_fetcher", None) if kind is not None else None
+    if original is None:
+        return False
+    if getattr(original, "_safeloader_wrapped", False):
+        return True
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        return wrap(original(*args, **kwargs))
+
+    create_fetcher._safeloader_wrapped = True  # type: ignore[attr-defined]
+    kind.create_fetcher = staticmethod(create_fetcher)
+    return True
+
+
+def is_map_fetcher(fetcher: object) -> bool:
+    """Whether ``fetcher`` is torch's map-style fetcher, which indexes its ``dataset`` attribute."""
+    return type(fetcher).__name__ == "_MapDatasetFetcher" and hasattr(fetcher, "dataset")
+
+
+Wait = Callable[[Any, Callable[[float], tuple[bool, Any]], float], tuple[bool, Any]]
+"""``wait(iterator, torch_wait, timeout)``: waits for one batch, calling ``torch_wait(seconds)``."""
+
+
+def waiting_with(cls: type, wait: Wait, module: str) -> type:
+    """A subclass of torch's multiprocessing iterator class ``cls`` whose wait for one batch
+    (``_try_get_data``, what its ``_get_data`` calls) is ``wait``, around torch's own."""
+    torch_wait = getattr(cls, TRY_GET_DATA)
+
+    def try_get_data(self: Any, timeout: float = 5.0) -> tuple[bool, Any]:  # torch's default interval
+        return wait(self, lambda seconds: torch_wait(self, seconds), timeout)
+
+    return type(f"Watched{cls.__name__}", (cls,), {TRY_GET_DATA: try_get_data, "__module__": module})
 
 
 def result_queue_of_worker_loop(frame: Any) -> Any:

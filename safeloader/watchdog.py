@@ -35,6 +35,7 @@ import resource  # here, not in each worker: an import there costs it 0.1 ms
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
@@ -509,7 +510,7 @@ def _watch_fetcher(fetcher: Any, beat: _Beat) -> Any:
     # otherwise progress is counted per batch.
     if hasattr(fetcher, "dataset_iter"):
         fetcher.dataset_iter = _counting_iterator(fetcher.dataset_iter, beat)
-    elif type(fetcher).__name__ == "_MapDatasetFetcher" and hasattr(fetcher, "dataset"):
+    elif _torch_internals.is_map_fetcher(fetcher):
         fetcher.dataset = _CountingMapDataset(fetcher.dataset, beat)
     return fetcher
 
@@ -518,35 +519,18 @@ _fetchers_instrumented = False
 
 
 def _instrument_fetchers() -> None:
-    """In worker processes: every fetcher torch's worker loop creates is watched.
-
-    torch's ``_worker_loop`` builds its fetcher with
-    ``_DatasetKind.create_fetcher`` right after ``worker_init_fn`` (and again
-    per epoch with persistent workers); wrapping that factory leaves torch's
-    loop untouched. Only a process with a heartbeat (a worker) watches its
-    fetchers: elsewhere the wrapper returns torch's fetcher as is. So the
-    parent installs it once, before forking (``start_watch``), and a forked
-    worker finds it in place; a spawn/forkserver worker installs its own.
-    """
+    """In worker processes: every fetcher torch's worker loop creates is watched. Only a process
+    with a heartbeat (a worker) watches its fetchers: elsewhere torch's fetcher is returned as
+    is. So the parent installs it once, before forking (``start_watch``), and a forked worker
+    finds it in place; a spawn/forkserver worker installs its own."""
     global _fetchers_instrumented
-    if _fetchers_instrumented:
-        return  # by the parent, before it forked this worker
-    kind = _torch_internals.dataset_kind()
-    original = getattr(kind, "create_fetcher", None) if kind is not None else None
-    if original is None:
-        return
-    if getattr(original, "_safeloader_watched", False):
-        _fetchers_instrumented = True
-        return
+    if not _fetchers_instrumented:
+        _fetchers_instrumented = _torch_internals.wrap_create_fetcher(_watch_if_in_worker)
 
-    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
-        fetcher = original(*args, **kwargs)
-        beat = _worker_beat
-        return _watch_fetcher(fetcher, beat) if beat is not None else fetcher
 
-    create_fetcher._safeloader_watched = True  # type: ignore[attr-defined]
-    kind.create_fetcher = staticmethod(create_fetcher)
-    _fetchers_instrumented = True
+def _watch_if_in_worker(fetcher: Any) -> Any:
+    beat = _worker_beat
+    return _watch_fetcher(fetcher, beat) if beat is not None else fetcher
 
 
 def _start_clock_at_fork() -> None:
@@ -607,32 +591,29 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
         return None
 
 
-class _WatchedIterator:
-    """Mixin over torch's multiprocessing iterator: checks heartbeats while waiting for data."""
-
-    _safeloader_watch: Watch
-
-    def _try_get_data(self, timeout: float = 5.0) -> tuple[bool, Any]:
-        watch = self._safeloader_watch
-        remaining = timeout
-        while True:
-            step = min(remaining, watch.poll_interval)
-            started = time.monotonic()
-            success, data = super()._try_get_data(step)  # type: ignore[misc]
-            ended = time.monotonic()
-            if ended - started > step + max(1.0, step):
-                # This process was not running (stopped, suspended): nor, likely, were its
-                # workers, and a forkserver's workers cannot be asked (not our children).
-                watch.resume_all(ended)
-            if success:
-                # Data from healthy workers must not hide a stuck one: check now and then anyway.
-                if time.monotonic() >= watch.next_check:
-                    _check(self, watch)
-                return success, data
-            _check(self, watch)
-            remaining -= step
-            if remaining <= 0:
-                return False, None
+def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]], timeout: float
+                   ) -> tuple[bool, Any]:
+    """torch's wait for one batch, in steps of the poll interval, checking the heartbeats between."""
+    watch: Watch = iterator._safeloader_watch
+    remaining = timeout
+    while True:
+        step = min(remaining, watch.poll_interval)
+        started = time.monotonic()
+        success, data = torch_wait(step)
+        ended = time.monotonic()
+        if ended - started > step + max(1.0, step):
+            # This process was not running (stopped, suspended): nor, likely, were its
+            # workers, and a forkserver's workers cannot be asked (not our children).
+            watch.resume_all(ended)
+        if success:
+            # Data from healthy workers must not hide a stuck one: check now and then anyway.
+            if time.monotonic() >= watch.next_check:
+                _check(iterator, watch)
+            return success, data
+        _check(iterator, watch)
+        remaining -= step
+        if remaining <= 0:
+            return False, None
 
 
 _watched_classes: dict[type, type] = {}
@@ -645,8 +626,7 @@ def attach(iterator: Any, watch: Watch) -> None:
         return  # not an iterator with workers we know how to watch
     watched = _watched_classes.get(cls)
     if watched is None:
-        watched = type(f"Watched{cls.__name__}", (_WatchedIterator, cls), {"__module__": __name__})
-        _watched_classes[cls] = watched
+        watched = _watched_classes[cls] = _torch_internals.waiting_with(cls, _wait_watching, __name__)
     iterator._safeloader_watch = watch
     iterator.__class__ = watched
 
