@@ -63,7 +63,7 @@ _hook_seconds: dict[str, float] = {}  # hook name -> seconds, all phases
 
 
 def _time_each_hook() -> None:
-    """Register every hook again (same name, priority, requires...) with its callbacks timed."""
+    """Register every hook again (same name, order, requires...) with its callbacks timed."""
 
     def timed(name, callback):
         if callback is None:
@@ -78,19 +78,17 @@ def _time_each_hook() -> None:
 
         return run
 
-    for hook in safeloader.hooks():  # in run order: equal priorities keep their order
+    for hook in safeloader.hooks():  # in run order, which registering again in that order keeps
         safeloader.register_at_fork(
             before=timed(hook.name, hook.before), after_in_parent=timed(hook.name, hook.after_in_parent),
-            after_in_child=timed(hook.name, hook.after_in_child), name=hook.name, priority=hook.priority,
-            every_fork=hook.every_fork, requires=hook.requires, description=hook.description, replace=True)
-
-
-_EDGE = 10**9  # priorities beyond every other hook's: the first and last hooks of each phase
+            after_in_child=timed(hook.name, hook.after_in_child), name=hook.name, first=hook.first,
+            last=hook.last, runs_after=hook.runs_after, every_fork=hook.every_fork, requires=hook.requires,
+            description=hook.description, replace=True)
 
 
 def _time_each_phase() -> None:
     """Two hooks around all others time each phase whole, the registry's dispatch included:
-    ``after_*`` run from the highest priority down, ``before`` from the lowest up."""
+    ``after_*`` run from the first hook to the last, ``before`` the other way round."""
     started: dict[str, tuple[float, float]] = {}
 
     def start(phase):
@@ -108,9 +106,9 @@ def _time_each_phase() -> None:
         return run
 
     safeloader.register_at_fork(before=start("before"), after_in_parent=stop("after_in_parent"),
-                                after_in_child=stop("after_in_child"), name="bench.last", priority=-_EDGE)
+                                after_in_child=stop("after_in_child"), name="bench.last", last=True)
     safeloader.register_at_fork(before=stop("before"), after_in_parent=start("after_in_parent"),
-                                after_in_child=start("after_in_child"), name="bench.first", priority=_EDGE)
+                                after_in_child=start("after_in_child"), name="bench.first", first=True)
 
 
 class Holder(Handles, torch.utils.data.Dataset):

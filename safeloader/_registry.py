@@ -57,7 +57,13 @@ class Hook:
     before: Callback | None = None
     after_in_parent: Callback | None = None
     after_in_child: Callback | None = None
-    priority: int = 0
+    first: bool = False
+    """Innermost around the fork: its ``before`` runs after every other hook's, its ``after_*`` first."""
+    last: bool = False
+    """Outermost: its ``before`` runs first, its ``after_*`` after every other hook's."""
+    runs_after: tuple[str, ...] = ()
+    """Hooks (by name, where registered) whose ``after_*`` callbacks run before this one's, and whose
+    ``before`` runs after this one's: it relies on what they set up in the worker."""
     every_fork: bool = False
     requires: tuple[str, ...] = ()
     """Module names that must be imported (in ``sys.modules``) for the hook to run."""
@@ -171,7 +177,9 @@ def register_at_fork(
     after_in_parent: Callback | None = None,
     after_in_child: Callback | None = None,
     name: str | None = None,
-    priority: int = 0,
+    first: bool = False,
+    last: bool = False,
+    runs_after: Iterable[str] = (),
     every_fork: bool = False,
     requires: Iterable[str] = (),
     replace: bool = False,
@@ -183,8 +191,11 @@ def register_at_fork(
     those of ``os.register_at_fork``: callables taking no arguments.
     ``before`` runs in the parent before each worker fork, ``after_in_parent``
     in the parent after it, ``after_in_child`` in the new worker before torch's
-    worker loop starts. ``after_*`` run in ``hooks()`` order (higher
-    ``priority`` first, then registration order); ``before`` in the reverse.
+    worker loop starts. ``after_*`` run in ``hooks()`` order, ``before`` in the
+    reverse: ``first=True`` hooks (innermost around the fork; the latest registered
+    first), then the others in registration order, then ``last=True`` ones, except
+    that a hook runs after every hook named in its ``runs_after`` (names not
+    registered are ignored; a cycle is refused).
     An interrupt (Ctrl-C) landing in ``before`` does not stop the fork:
     ``after_in_parent`` still runs, so it must undo a ``before`` that did not
     finish; one landing in ``after_in_parent`` runs it again, so it must be
@@ -207,8 +218,20 @@ def register_at_fork(
         name = _default_name(callbacks.values())
     if not isinstance(name, str) or not name:
         raise RegistrationError(f"name must be a non-empty str, got {name!r}")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise RegistrationError(f"priority must be an int, got {priority!r}")
+    for keyword, flag in (("first", first), ("last", last)):
+        if not isinstance(flag, bool):
+            raise RegistrationError(f"{keyword} must be a bool, got {flag!r}")
+    if first and last:
+        raise RegistrationError("a hook can be first or last, not both")
+    if isinstance(runs_after, str):
+        runs_after = (runs_after,)
+    if not isinstance(runs_after, Iterable):
+        raise RegistrationError(f"runs_after must be hook names, got {runs_after!r}")
+    runs_after = tuple(runs_after)
+    if not all(isinstance(other, str) and other for other in runs_after):
+        raise RegistrationError(f"runs_after must be hook names (non-empty str), got {runs_after!r}")
+    if name in runs_after:
+        raise RegistrationError(f"hook {name!r} cannot run after itself")
     if not isinstance(every_fork, bool):
         raise RegistrationError(f"every_fork must be a bool, got {every_fork!r}")
     if not isinstance(replace, bool):
@@ -230,16 +253,37 @@ def register_at_fork(
             )
         _next_seq += 1
         hook = Hook(
-            name, before, after_in_parent, after_in_child, priority, every_fork, requires, description, _next_seq
+            name, before, after_in_parent, after_in_child, first, last, runs_after, every_fork, requires,
+            description, _next_seq,
         )
+        ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
         _hooks[name] = hook
-        _reorder()
+        _reorder(ordered)
     return hook
 
 
-def _reorder() -> None:
+def _ordered_hooks(hooks: dict[str, Hook]) -> tuple[Hook, ...]:
+    """The ``after_*`` run order: first hooks (the latest registered first: nearest the fork), then
+    the others, then last hooks, each in registration order; a hook is moved after those its
+    ``runs_after`` names (the earliest hook whose named hooks are all placed goes next)."""
+    pending = sorted(hooks.values(), key=lambda h: (0, -h._seq) if h.first else (2 if h.last else 1, h._seq))
+    placed: list[Hook] = []
+    done: set[str] = set()
+    while pending:
+        for i, hook in enumerate(pending):
+            if all(other in done or other not in hooks for other in hook.runs_after):
+                placed.append(pending.pop(i))
+                done.add(hook.name)
+                break
+        else:
+            cycle = ", ".join(f"{h.name!r} runs after {list(h.runs_after)}" for h in pending)
+            raise RegistrationError(f"fork hooks cannot be ordered, their runs_after form a cycle: {cycle}")
+    return tuple(placed)
+
+
+def _reorder(ordered: tuple[Hook, ...] | None = None) -> None:
     global _ordered, _by_phase
-    _ordered = tuple(sorted(_hooks.values(), key=lambda h: (-h.priority, h._seq)))
+    _ordered = ordered if ordered is not None else _ordered_hooks(_hooks)
     by_phase = {}
     for phase in PHASES:
         order = reversed(_ordered) if phase == "before" else _ordered

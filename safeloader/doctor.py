@@ -107,7 +107,8 @@ def _hooks() -> list[dict[str, Any]]:
                 "state": state,
                 "phases": phases,
                 "requires": list(hook.requires),
-                "priority": hook.priority,
+                "order": "first" if hook.first else "last" if hook.last else "",
+                "runs_after": list(hook.runs_after),
                 "does": hook.description or "user hook",
             }
         )

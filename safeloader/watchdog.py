@@ -560,7 +560,7 @@ def register() -> None:
         before=_start_clock_at_fork,
         after_in_child=_enter_worker_at_fork,
         name=hook_names.WATCHDOG,
-        priority=1_000_000,
+        first=True,
         description="names a worker that makes no progress for stall_timeout seconds, then stops the workers",
     )
 

@@ -62,10 +62,10 @@ def test_base_exception_in_a_parent_hook_reaches_the_user_and_later_hooks_still_
     def later():
         ran.write_text("yes")
 
-    # after_* run in priority order, `before` in the reverse: place `later` after `raising` in each.
-    first, second = (1, 0) if phase != "before" else (0, 1)
-    safeloader.register_at_fork(**{phase: raising}, name="raising", priority=first)
-    safeloader.register_at_fork(**{phase: later}, name="later", priority=second)
+    # after_* run in hooks() order, `before` in the reverse: place `later` after `raising` in each.
+    after_raising, after_later = ((), ("raising",)) if phase != "before" else (("later",), ())
+    safeloader.register_at_fork(**{phase: raising}, name="raising", runs_after=after_raising)
+    safeloader.register_at_fork(**{phase: later}, name="later", runs_after=after_later)
     # As itself, not a HookError: code catching KeyboardInterrupt (to save a checkpoint) must see it.
     with pytest.raises({"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[exception]):
         list(DataLoader(list(range(4)), num_workers=1))

@@ -66,10 +66,10 @@ old.seek(1000)  # the offset the parent lists for this descriptor
 new = os.open(new_path, os.O_RDONLY)
 os.lseek(new, 7, os.SEEK_SET)  # the new file's offset at the fork
 
-def swap():  # runs after the "files" and "sockets" hooks listed the table (higher priority: later in `before`)
+def swap():  # runs after the "files" and "sockets" hooks listed the table (first=True: later in `before`)
     os.dup2(new, old.fileno())
 
-safeloader.register_at_fork(before=swap, name="test.swap", priority=1000)
+safeloader.register_at_fork(before=swap, name="test.swap", first=True)
 
 class Reader(torch.utils.data.Dataset):
     def __len__(self):

@@ -109,7 +109,7 @@ _worker_warnings: list[str] = []  # in a worker: the SharedFileWarnings the "fil
 
 def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
     """Make the "files" hook's reopen of ``fds`` fail in each worker with errno ``code``,
-    and record the worker's warnings: a child hook that runs before "files" (priority 50)."""
+    and record the worker's warnings: a child hook that runs before "files" (first=True)."""
 
     def refuse() -> None:
         real_open = os.open
@@ -128,7 +128,7 @@ def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
 
         warnings.showwarning = record
 
-    safeloader.register_at_fork(after_in_child=refuse, name="test-refuse-reopen", priority=100)
+    safeloader.register_at_fork(after_in_child=refuse, name="test-refuse-reopen", first=True)
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.ESTALE], ids=["EACCES", "ESTALE"])

@@ -92,11 +92,11 @@ def test_each_phase_runs_once_per_worker_in_the_right_process(tmp_path, num_work
         assert all(p == pids_per_epoch[0] for p in pids_per_epoch)
 
 
-def test_order_matches_pthread_atfork_with_priority_first(tmp_path):
+def test_order_matches_pthread_atfork_with_first_hooks_first(tmp_path):
     recorder = Recorder(tmp_path / "events")
     recorder.hook("t.first")
     recorder.hook("t.second")
-    recorder.hook("t.urgent", priority=5)
+    recorder.hook("t.urgent", first=True)
     list(DataLoader(WhoReads(), batch_size=16, num_workers=1))
     events = recorder.events()
     phases = ("before", "after_in_parent", "after_in_child")

@@ -45,7 +45,10 @@ def test_duplicate_name_is_refused_unless_replace():
         ({"before": 42}, "before must be callable"),
         ({"after_in_child": lambda x: None}, "no arguments"),
         ({"before": noop, "name": ""}, "non-empty str"),
-        ({"before": noop, "priority": "high"}, "priority must be an int"),
+        ({"before": noop, "first": "yes"}, "first must be a bool"),
+        ({"before": noop, "first": True, "last": True}, "first or last, not both"),
+        ({"before": noop, "runs_after": [3]}, "runs_after must be hook names"),
+        ({"before": noop, "name": "t.self", "runs_after": "t.self"}, "cannot run after itself"),
         ({"before": noop, "requires": [3]}, "module names"),
     ],
 )
@@ -68,12 +71,29 @@ def test_unregister_by_handle_and_by_name():
         safeloader.unregister("t.y")
 
 
-def test_hooks_order_is_priority_then_registration():
+def test_hooks_order_is_first_then_registration_then_last():
     safeloader.register_at_fork(before=noop, name="t.first")
     safeloader.register_at_fork(before=noop, name="t.second")
-    safeloader.register_at_fork(before=noop, name="t.urgent", priority=10)
-    safeloader.register_at_fork(before=noop, name="t.late", priority=-10)
-    assert user_names() == ["t.urgent", "t.first", "t.second", "t.late"]
+    safeloader.register_at_fork(before=noop, name="t.late", last=True)
+    safeloader.register_at_fork(before=noop, name="t.urgent", first=True)
+    safeloader.register_at_fork(before=noop, name="t.most-urgent", first=True)  # later first hooks: nearer the fork
+    assert user_names() == ["t.most-urgent", "t.urgent", "t.first", "t.second", "t.late"]
+
+
+def test_a_hook_runs_after_the_hooks_it_names_wherever_they_are_registered():
+    safeloader.register_at_fork(before=noop, name="t.reader", runs_after=("t.opener", "t.absent"))
+    safeloader.register_at_fork(before=noop, name="t.other")
+    safeloader.register_at_fork(before=noop, name="t.opener")
+    assert user_names() == ["t.other", "t.opener", "t.reader"]  # t.absent is not registered: ignored
+    builtin = [hook.name for hook in safeloader.hooks() if not hook.name.startswith("t.")]
+    assert builtin.index("files") < builtin.index("lmdb") and builtin.index("h5py") < builtin.index("files")
+
+
+def test_a_cycle_of_runs_after_is_refused_and_changes_nothing():
+    safeloader.register_at_fork(before=noop, name="t.a", runs_after=("t.b",))
+    with pytest.raises(RegistrationError, match="runs_after form a cycle"):
+        safeloader.register_at_fork(before=noop, name="t.b", runs_after=("t.a",))
+    assert user_names() == ["t.a"]
 
 
 def test_replace_keeps_no_stale_entry_and_moves_to_end():

@@ -1,7 +1,7 @@
 """The shape every built-in backend declares: one small class per native library.
 
 A backend module defines one ``Backend`` subclass saying what it handles
-(``name``, ``description``), when it runs (``requires``, ``priority``), what
+(``name``, ``description``), when it runs (``requires``, ``first``, ``runs_after``), what
 it does in each fork phase, what it checks or prepares before a loader starts
 its workers, and how it stands (for ``doctor``). ``backends.register_builtin``
 registers them all; nothing else needs to know a backend exists.
@@ -25,8 +25,10 @@ class Backend:
     """What it does for a worker, in one line (``doctor``'s hook table)."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Modules that must be imported for it to run: a library the program never imported costs nothing."""
-    priority: ClassVar[int] = 0
-    """Higher runs earlier in ``after_*`` phases, later in ``before``."""
+    first: ClassVar[bool] = False
+    """Among the hooks nearest the fork: ``after_*`` before the plain hooks', ``before`` after theirs."""
+    runs_after: ClassVar[tuple[str, ...]] = ()
+    """Hooks whose ``after_*`` callbacks run before this one's (its ``before`` runs before theirs)."""
 
     # The three phases, as for os.register_at_fork; None where there is nothing to do.
     before: ClassVar[Callback | None] = None
@@ -53,7 +55,8 @@ class Backend:
             after_in_parent=cls.after_in_parent,
             after_in_child=cls.after_in_child,
             name=cls.name,
-            priority=cls.priority,
+            first=cls.first,
+            runs_after=cls.runs_after,
             requires=cls.requires,
             description=cls.description,
             replace=True,

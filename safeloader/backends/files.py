@@ -102,7 +102,9 @@ def reopen_file(path: str, buffered: bool, position: int, identity: _reopen.File
 class FilesBackend(Backend):
     name = hook_names.FILES
     description = 'each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset'
-    priority = 50  # before other backends' child hooks (priority 0), which may read files
+    # Before the plain backends' child hooks, which may read files through the descriptors it privatizes.
+    first = True
+    runs_after = (hook_names.H5PY,)
     before = _reopen.record_at_fork
     after_in_parent = _reopen.forget_at_fork
     after_in_child = privatize_inherited_files

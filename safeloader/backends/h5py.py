@@ -221,7 +221,9 @@ def reopen_object(file: Any, name: str) -> Any:
 class H5pyBackend(Backend):
     name = hook_names.H5PY
     description = 'HDF5 files the parent holds writable are made read-only in workers, with a warning'
-    priority = 60
+    # Before "files" privatizes the read-only descriptors, it makes those of writable files read-only.
+    first = True
+    runs_after = (hook_names.SOCKETS,)
     requires = ("h5py",)
     after_in_child = protect_writable_files
     prepare_start = staticmethod(prepare_start)

@@ -162,7 +162,9 @@ def reopen_environments() -> None:
 class LmdbBackend(Backend):
     name = hook_names.LMDB
     description = 'each worker opens its own copy of the LMDB environments the Dataset holds; writable ones refused'
-    priority = 40
+    # Reopens environments once "files" gave the worker its own descriptors; before the plain backends.
+    first = True
+    runs_after = (hook_names.FILES,)
     requires = ("lmdb",)
     after_in_child = reopen_environments
     prepare_start = staticmethod(prepare_start)

@@ -223,9 +223,10 @@ def status() -> str:
 class PinMemoryBackend(Backend):
     name = hook_names.PIN_MEMORY
     description = 'worker forks wait for pin-memory threads to leave pin_memory() (no lock inherited held)'
-    # Highest priority: its `before` runs last, right before the fork, and its
+    # Its `before` runs last (only the watchdog's clock after it), right before the fork, and its
     # `after_in_parent` first, so pin threads wait as briefly as possible.
-    priority = 1000
+    first = True
+    runs_after = (hook_names.WATCHDOG,)
     requires = ("torch",)
     before = _before
     after_in_parent = _after_in_parent

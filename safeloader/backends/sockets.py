@@ -148,8 +148,9 @@ class SocketsBackend(Backend):
     description = "each worker's inherited connected TCP/TLS sockets look closed by the server: clients reconnect"
     # First among the data backends: any later hook (or library at-fork
     # handler) that closes a TLS connection must write its close_notify into
-    # the stand-in, not into the parent's stream.
-    priority = 80
+    # the stand-in, not into the parent's stream. Inside the pin-memory gate.
+    first = True
+    runs_after = (hook_names.PIN_MEMORY,)
     before = _descriptors.record_at_fork
     after_in_parent = _descriptors.forget_at_fork
     after_in_child = sever_inherited_connections

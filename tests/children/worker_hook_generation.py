@@ -20,8 +20,8 @@ def probe():
     seen["parent_state"] = forkstate.parent_state() is not None
 
 
-# Lowest priority: after_in_child runs last of the hooks, every built-in one before it.
-safeloader.register_at_fork(after_in_child=probe, name="probe", priority=-1000)
+# last=True: after_in_child runs last of the hooks, every built-in one before it.
+safeloader.register_at_fork(after_in_child=probe, name="probe", last=True)
 
 
 class Probed(Dataset):

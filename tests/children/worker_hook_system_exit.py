@@ -17,7 +17,7 @@ def raising():
     raise SystemExit(3)
 
 
-safeloader.register_at_fork(after_in_child=raising, name="raising", priority=100)
+safeloader.register_at_fork(after_in_child=raising, name="raising", first=True)
 
 
 class D(Dataset):

@@ -33,7 +33,7 @@ both_decided = threading.Barrier(len(loaders), timeout=2)
 
 
 def after_zarrs_decided():
-    # Runs after the zarrs hook's `before` (highest priority: last in that phase);
+    # Runs after the zarrs hook's `before` (first=True: last in that phase);
     # each thread tries to wait until the other thread's zarrs hook decided too. The
     # registry's fork guard now serialises worker forks across threads, so the wait
     # times out and the forks do not interleave; each loader must still get its mode.
@@ -45,7 +45,7 @@ def after_zarrs_decided():
             pass
 
 
-safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", priority=1000)
+safeloader.register_at_fork(before=after_zarrs_decided, name="test-interleave", first=True)
 seen = {}
 
 
