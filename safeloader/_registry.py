@@ -144,6 +144,7 @@ _installed = False
 _local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
 _worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
 _child_failures: list[BaseException] = []
+_child_resets: list[Callback] = []  # reset_in_child
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
 # dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
@@ -701,9 +702,18 @@ def _close_fork(arming: Arming | None) -> None:
             raise interrupts[0]
 
 
+def reset_in_child(callback: Callback) -> None:
+    """Run ``callback`` first in every forked child, a DataLoader worker or any other fork: module
+    state that another thread of the parent may have held at the fork (a lock) is made new there.
+    For safeloader's own modules; it must not raise."""
+    _child_resets.append(callback)
+
+
 def _on_after_in_child() -> None:
     global _worker_context, _parent_failed_fork
     _loader_lock.reset_in_child()
+    for reset in _child_resets:
+        reset()
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
     _local.pending = _NO_FORK

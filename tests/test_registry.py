@@ -7,6 +7,8 @@ import pytest
 import safeloader
 from safeloader import RegistrationError
 
+from .subproc import check_python
+
 pytestmark = pytest.mark.usefixtures("clean_registry")
 
 
@@ -138,3 +140,35 @@ def test_options_validate_with_clear_messages():
         safeloader.configure(disable_hooks=["zarr"])
     previous = safeloader.configure(thread_budget=2)
     assert safeloader.get_options().thread_budget == 2 and previous.thread_budget is None
+
+
+def test_a_backend_lock_another_thread_held_at_a_plain_fork_is_new_in_the_child():
+    # zarrs' setup lock is made new in every forked child through the registry's reset_in_child:
+    # without it, the child of a fork taken while another thread held the lock waits forever.
+    result = check_python(
+        """
+        import os, signal, threading
+        import zarrs  # noqa: F401  (the backend's hook requires it)
+        from safeloader.backends import zarrs as backend
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with backend._setup_lock:
+                held.set()
+                release.wait()
+
+        threading.Thread(target=hold).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)  # a lock inherited held: killed by SIGALRM instead of waiting forever
+            backend.forget_mode_checks()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        print("child exit", os.waitstatus_to_exitcode(status))
+        """,
+        timeout=60,
+    )
+    assert result.stdout.strip() == "child exit 0", result

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import forkstate, hook_names
+from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._registry import fork_context
 from . import _extension_copy, polars_objects
@@ -74,7 +74,7 @@ def _new_lock_in_child() -> None:
     _setup_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_new_lock_in_child)
+_registry.reset_in_child(_new_lock_in_child)
 
 
 

@@ -29,7 +29,7 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import forkstate, hook_names
+from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._options import ZARRS_MODES
 from .._registry import fork_context
@@ -82,7 +82,7 @@ def _new_setup_lock_in_child() -> None:
     _setup_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_new_setup_lock_in_child)
+_registry.reset_in_child(_new_setup_lock_in_child)
 
 
 
