@@ -1,4 +1,4 @@
-"""The fork-hook registry, dispatched from one ``os.register_at_fork`` registration.
+"""The fork-hook dispatch, from one ``os.register_at_fork`` registration (hooks register in ``_registration``).
 
 A fork is a *DataLoader worker fork* when multiprocessing is launching a
 Process whose target is a DataLoader worker loop (found on the caller's frame,
@@ -29,69 +29,30 @@ ours and defers it too, and the fork left open is closed when the start ends
 from __future__ import annotations
 
 import errno
-import functools
-import inspect
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any, cast
 
-from . import _import_locks, _loader_lock, _torch_internals
+from . import _import_locks, _loader_lock, _registration, _torch_internals
 from ._options import Options, get_options
-from .errors import HookError, RegistrationError
-
-PHASES = ("before", "after_in_parent", "after_in_child")
-
-Callback = Callable[[], object]
-
-
-@dataclass(frozen=True, eq=False)
-class Hook:
-    """A registered set of fork callbacks. Returned by ``register_at_fork``."""
-
-    name: str
-    before: Callback | None = None
-    after_in_parent: Callback | None = None
-    after_in_child: Callback | None = None
-    first: bool = False
-    """Innermost around the fork: its ``before`` runs after every other hook's, its ``after_*`` first."""
-    last: bool = False
-    """Outermost: its ``before`` runs first, its ``after_*`` after every other hook's."""
-    runs_after: tuple[str, ...] = ()
-    """Hooks (by name, where registered) whose ``after_*`` callbacks run before this one's, and whose
-    ``before`` runs after this one's: it relies on what they set up in the worker."""
-    every_fork: bool = False
-    requires: tuple[str, ...] = ()
-    """Module names that must be imported (in ``sys.modules``) for the hook to run."""
-    description: str = ""
-    """What it does, in one line (``python -m safeloader doctor`` lists it)."""
-    _seq: int = field(default=0, repr=False)
-
-    @property
-    def enabled(self) -> bool:
-        """False after ``safeloader.disable(name)``."""
-        return self.name not in _disabled
-
-    @property
-    def active(self) -> bool:
-        """Whether the hook would run around the next worker fork."""
-        if not self.enabled:
-            return False
-        for module in self.requires:  # a loop, not all(...): this runs for every hook at every fork
-            if module not in sys.modules:
-                return False
-        return True
-
-    def _runs_for(self, context: ForkContext | None) -> bool:
-        if not self.active:
-            return False
-        if context is None:
-            return self.every_fork
-        return self.name not in context.options.disable_hooks
+from ._registration import (  # the public registration API, also reachable here
+    PHASES,
+    Callback,
+    Hook,
+    check_hook_names,
+    disable,
+    enable,
+    get_hook,
+    hook_runs,
+    hooks,
+    register_at_fork,
+    unregister,
+)
+from .errors import HookError
 
 
 @dataclass(frozen=True)
@@ -132,210 +93,21 @@ class Arming:
     module lock, which therefore stayed held: released when the start ends."""
 
 
-_lock = threading.Lock()
-_hooks: dict[str, Hook] = {}
-_ordered: tuple[Hook, ...] = ()  # run order of the after_* phases; rebuilt on change
-# Per phase, in that phase's run order, the hooks with a callback for it: a fork walks
-# only those (rebuilt with _ordered).
-_by_phase: dict[str, tuple[Hook, ...]] = {phase: () for phase in PHASES}
-_disabled: set[str] = set()
-_next_seq = 0
 _installed = False
 _local = threading.local()  # .arming and .pending; a forked child inherits the forking thread's
 _worker_context: ForkContext | None = None  # in a worker: its context, for its whole life
 _child_failures: list[BaseException] = []
 _child_resets: list[Callback] = []  # reset_in_child
+
+__all__ = [
+    "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names", "disable", "disarm",
+    "enable", "fork_context", "get_hook", "hook_runs", "hooks", "installed", "is_interrupt", "register_at_fork",
+    "reset_in_child", "set_installed", "unregister",
+]
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
 # dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
 _parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
-
-
-def _check_callback(phase: str, callback: object) -> None:
-    if callback is None:
-        return
-    if not callable(callback):
-        raise RegistrationError(f"{phase} must be callable or None, got {callback!r}")
-    try:
-        inspect.signature(callback).bind()
-    except TypeError:
-        raise RegistrationError(
-            f"{phase} must be callable with no arguments (as for os.register_at_fork), "
-            f"got {callback!r} with signature {inspect.signature(callback)}"
-        ) from None
-    except ValueError:  # builtins without a signature: accept
-        pass
-
-
-def _default_name(callbacks: Iterable[Callback | None]) -> str:
-    first = next(cb for cb in callbacks if cb is not None)
-    return f"{getattr(first, '__module__', '?')}.{getattr(first, '__qualname__', repr(first))}"
-
-
-def register_at_fork(
-    *,
-    before: Callback | None = None,
-    after_in_parent: Callback | None = None,
-    after_in_child: Callback | None = None,
-    name: str | None = None,
-    first: bool = False,
-    last: bool = False,
-    runs_after: Iterable[str] = (),
-    every_fork: bool = False,
-    requires: Iterable[str] = (),
-    replace: bool = False,
-    description: str = "",
-) -> Hook:
-    """Register callbacks to run around each DataLoader worker fork.
-
-    The keywords ``before``, ``after_in_parent`` and ``after_in_child`` are
-    those of ``os.register_at_fork``: callables taking no arguments.
-    ``before`` runs in the parent before each worker fork, ``after_in_parent``
-    in the parent after it, ``after_in_child`` in the new worker before torch's
-    worker loop starts. ``after_*`` run in ``hooks()`` order, ``before`` in the
-    reverse: ``first=True`` hooks (innermost around the fork; the latest registered
-    first), then the others in registration order, then ``last=True`` ones, except
-    that a hook runs after every hook named in its ``runs_after`` (names not
-    registered are ignored; a cycle is refused).
-    An interrupt (Ctrl-C) landing in ``before`` does not stop the fork:
-    ``after_in_parent`` still runs, so it must undo a ``before`` that did not
-    finish; one landing in ``after_in_parent`` runs it again, so it must be
-    idempotent. The interrupt then reaches the caller as itself.
-
-    ``name`` defaults to the first callback's qualified name; registering a
-    taken name raises ``RegistrationError`` unless ``replace=True``.
-    ``every_fork=True`` also runs the hook around forks that are not
-    DataLoader workers. ``requires`` names modules that must be imported for
-    the hook to run (a backend for a library the program never imported
-    costs nothing). ``description`` says in a line what the hook does, for ``doctor``.
-    """
-    global _next_seq
-    callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
-    for phase, callback in callbacks.items():
-        _check_callback(phase, callback)
-    if all(cb is None for cb in callbacks.values()):
-        raise RegistrationError("register_at_fork needs at least one of before, after_in_parent, after_in_child")
-    if name is None:
-        name = _default_name(callbacks.values())
-    if not isinstance(name, str) or not name:
-        raise RegistrationError(f"name must be a non-empty str, got {name!r}")
-    for keyword, flag in (("first", first), ("last", last)):
-        if not isinstance(flag, bool):
-            raise RegistrationError(f"{keyword} must be a bool, got {flag!r}")
-    if first and last:
-        raise RegistrationError("a hook can be first or last, not both")
-    if isinstance(runs_after, str):
-        runs_after = (runs_after,)
-    if not isinstance(runs_after, Iterable):
-        raise RegistrationError(f"runs_after must be hook names, got {runs_after!r}")
-    runs_after = tuple(runs_after)
-    if not all(isinstance(other, str) and other for other in runs_after):
-        raise RegistrationError(f"runs_after must be hook names (non-empty str), got {runs_after!r}")
-    if name in runs_after:
-        raise RegistrationError(f"hook {name!r} cannot run after itself")
-    if not isinstance(every_fork, bool):
-        raise RegistrationError(f"every_fork must be a bool, got {every_fork!r}")
-    if not isinstance(replace, bool):
-        raise RegistrationError(f"replace must be a bool, got {replace!r}")
-    if not isinstance(description, str):
-        raise RegistrationError(f"description must be a str, got {description!r}")
-    if isinstance(requires, str):
-        requires = (requires,)
-    if not isinstance(requires, Iterable):
-        raise RegistrationError(f"requires must be a module name or an iterable of module names, got {requires!r}")
-    requires = tuple(requires)
-    if not all(isinstance(module, str) and module for module in requires):
-        raise RegistrationError(f"requires must be module names (non-empty str), got {requires!r}")
-    with _lock:
-        if name in _hooks and not replace:
-            raise RegistrationError(
-                f"a fork hook named {name!r} is already registered; "
-                "pass replace=True to replace it, or choose another name"
-            )
-        _next_seq += 1
-        hook = Hook(
-            name, before, after_in_parent, after_in_child, first, last, runs_after, every_fork, requires,
-            description, _next_seq,
-        )
-        ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
-        _hooks[name] = hook
-        _reorder(ordered)
-    return hook
-
-
-def _ordered_hooks(hooks: dict[str, Hook]) -> tuple[Hook, ...]:
-    """The ``after_*`` run order: first hooks (the latest registered first: nearest the fork), then
-    the others, then last hooks, each in registration order; a hook is moved after those its
-    ``runs_after`` names (the earliest hook whose named hooks are all placed goes next)."""
-    pending = sorted(hooks.values(), key=lambda h: (0, -h._seq) if h.first else (2 if h.last else 1, h._seq))
-    placed: list[Hook] = []
-    done: set[str] = set()
-    while pending:
-        for i, hook in enumerate(pending):
-            if all(other in done or other not in hooks for other in hook.runs_after):
-                placed.append(pending.pop(i))
-                done.add(hook.name)
-                break
-        else:
-            cycle = ", ".join(f"{h.name!r} runs after {list(h.runs_after)}" for h in pending)
-            raise RegistrationError(f"fork hooks cannot be ordered, their runs_after form a cycle: {cycle}")
-    return tuple(placed)
-
-
-def _reorder(ordered: tuple[Hook, ...] | None = None) -> None:
-    global _ordered, _by_phase
-    _ordered = ordered if ordered is not None else _ordered_hooks(_hooks)
-    by_phase = {}
-    for phase in PHASES:
-        order = reversed(_ordered) if phase == "before" else _ordered
-        by_phase[phase] = tuple(h for h in order if getattr(h, phase) is not None)
-    _by_phase = by_phase
-
-
-def _lookup(hook_or_name: Hook | str) -> str:
-    name = hook_or_name.name if isinstance(hook_or_name, Hook) else hook_or_name
-    if name not in _hooks:
-        raise KeyError(f"no fork hook named {name!r}; registered: {', '.join(_hooks) or 'none'}")
-    return name
-
-
-def unregister(hook_or_name: Hook | str) -> Hook:
-    """Remove a hook, by handle or name; returns it. Unknown names raise KeyError."""
-    with _lock:
-        name = _lookup(hook_or_name)
-        hook = _hooks.pop(name)
-        _disabled.discard(name)
-        _reorder()
-    return hook
-
-
-def hooks() -> list[Hook]:
-    """Registered hooks, built-in backends included, in the order ``after_*`` run them."""
-    return list(_ordered)
-
-
-def get_hook(name: str) -> Hook | None:
-    """The hook registered as ``name``, or None."""
-    return _hooks.get(name)
-
-
-def hook_runs(name: str, options: Options) -> bool:
-    """Whether the hook ``name`` runs around a worker fork of a loader with ``options``:
-    registered, enabled, its ``requires`` imported, and not in ``options.disable_hooks``."""
-    hook = _hooks.get(name)
-    return hook is not None and hook.active and name not in options.disable_hooks
-
-
-def disable(hook_or_name: Hook | str) -> None:
-    """Stop running a hook (a built-in backend, say) around forks, process-wide."""
-    with _lock:
-        _disabled.add(_lookup(hook_or_name))
-
-
-def enable(hook_or_name: Hook | str) -> None:
-    """Undo ``disable``."""
-    with _lock:
-        _disabled.discard(_lookup(hook_or_name))
 
 
 _NO_FORK = object()  # _local.pending outside the hooks of a fork
@@ -347,14 +119,6 @@ def fork_context() -> ForkContext | None:
     do not start a DataLoader worker (also inside a worker)."""
     pending = getattr(_local, "pending", _NO_FORK)
     return _worker_context if pending is _NO_FORK else cast("ForkContext | None", pending)
-
-
-def check_hook_names(names: Iterable[str]) -> None:
-    """Raise ValueError for names that no registered hook has (a typo would silently run the hook)."""
-    unknown = ", ".join(repr(name) for name in sorted(set(names) - set(_hooks)))
-    if unknown:
-        registered = ", ".join(_hooks)
-        raise ValueError(f"disable_hooks must name registered hooks ({registered}), got unknown {unknown}")
 
 
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
@@ -407,77 +171,11 @@ def set_installed(installed: bool) -> None:
     _installed = installed
 
 
-# -- which fork is this? -------------------------------------------------------
-
-@functools.cache
-def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
-    return inspect.signature(target) if _torch_internals.is_worker_loop(target) else None
-
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-@functools.cache
-def _worker_argument_positions(target: Callable[..., Any]) -> tuple[int, int, int, int] | None:
-    """(index of worker_id, index of num_workers, fewest and most arguments) of a worker
-    loop whose parameters are all positional, so that a call passing positional arguments
-    only is read by index: ``Signature.bind`` costs every fork about 0.1 ms of Python.
-    None for other loops (they are bound)."""
-    signature = _worker_signature(target)
-    if signature is None:
-        return None
-    parameters = list(signature.parameters.values())
-    names = [p.name for p in parameters]
-    if any(p.kind not in _POSITIONAL for p in parameters) or not {"worker_id", "num_workers"} <= set(names):
-        return None
-    required = sum(p.default is inspect.Parameter.empty for p in parameters)
-    return names.index("worker_id"), names.index("num_workers"), required, len(parameters)
-
-
-def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, int]:
-    """(worker_id, num_workers) from the Process's arguments; raises TypeError, KeyError or
-    ValueError where they do not fit the loop's signature."""
-    args, kwargs = process._args, process._kwargs
-    positions = _worker_argument_positions(process._target)
-    if positions is not None and not kwargs and positions[2] <= len(args) <= positions[3]:
-        worker, workers = positions[0], positions[1]
-        if worker < len(args) and workers < len(args):  # else a default applies: bind finds it
-            return int(args[worker]), int(args[workers])
-    arguments = signature.bind(*args, **kwargs).arguments
-    return int(arguments["worker_id"]), int(arguments["num_workers"])
-
-
-def _launching_worker() -> tuple[int, int, Any] | None:
-    """(worker_id, num_workers, multiprocessing's Popen) if this fork launches a DataLoader worker.
-
-    multiprocessing forks from ``Popen._launch(self, process_obj)``; the
-    Process still holds its target and arguments there. That frame is a few
-    levels up (here, _context_for_this_fork, _on_before, then os.fork's caller);
-    the walk is bounded so an unrelated deep stack costs nothing.
-    """
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            return None
-        process = frame.f_locals.get("process_obj") if frame.f_code.co_name == "_launch" else None
-        if process is not None:
-            target = getattr(process, "_target", None)
-            signature = _worker_signature(target) if target is not None else None
-            if signature is None:
-                return None
-            try:
-                return (*_worker_arguments(process, signature), frame.f_locals.get("self"))
-            except (TypeError, KeyError, ValueError):
-                return None
-        frame = frame.f_back
-    return None
-
-
 def _context_for_this_fork() -> ForkContext | None:
     arming = armed()
     if arming is None and not _installed:
         return None
-    worker = _launching_worker()
+    worker = _torch_internals.launching_worker()
     if worker is None:
         if arming is not None:
             arming.unrecognised += 1
@@ -499,7 +197,7 @@ def _run_phase(phase: str, context: ForkContext | None, interrupts: list[BaseExc
     ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
     runs again (it rolls back its ``before``: it must complete)."""
     errors = []
-    for hook in _by_phase[phase]:
+    for hook in _registration.by_phase(phase):
         callback = getattr(hook, phase)
         if not hook._runs_for(context):
             continue

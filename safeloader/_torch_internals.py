@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 WORKER_LOOP_NAMES = ("_worker_loop", "_process_worker_loop")
@@ -212,3 +215,69 @@ def waiting_with(cls: type, wait: Wait, module: str) -> type:
 def result_queue_of_worker_loop(frame: Any) -> Any:
     """The result queue of torch's worker loop, from its frame (it calls ``worker_init_fn``), or None."""
     return frame.f_locals.get("data_queue") if frame is not None else None
+
+
+# -- which fork launches a DataLoader worker? -------------------------------------------
+
+@functools.cache
+def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
+    return inspect.signature(target) if is_worker_loop(target) else None
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@functools.cache
+def _worker_argument_positions(target: Callable[..., Any]) -> tuple[int, int, int, int] | None:
+    """(index of worker_id, index of num_workers, fewest and most arguments) of a worker
+    loop whose parameters are all positional, so that a call passing positional arguments
+    only is read by index: ``Signature.bind`` costs every fork about 0.1 ms of Python.
+    None for other loops (they are bound)."""
+    signature = _worker_signature(target)
+    if signature is None:
+        return None
+    parameters = list(signature.parameters.values())
+    names = [p.name for p in parameters]
+    if any(p.kind not in _POSITIONAL for p in parameters) or not {"worker_id", "num_workers"} <= set(names):
+        return None
+    required = sum(p.default is inspect.Parameter.empty for p in parameters)
+    return names.index("worker_id"), names.index("num_workers"), required, len(parameters)
+
+
+def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, int]:
+    """(worker_id, num_workers) from the Process's arguments; raises TypeError, KeyError or
+    ValueError where they do not fit the loop's signature."""
+    args, kwargs = process._args, process._kwargs
+    positions = _worker_argument_positions(process._target)
+    if positions is not None and not kwargs and positions[2] <= len(args) <= positions[3]:
+        worker, workers = positions[0], positions[1]
+        if worker < len(args) and workers < len(args):  # else a default applies: bind finds it
+            return int(args[worker]), int(args[workers])
+    arguments = signature.bind(*args, **kwargs).arguments
+    return int(arguments["worker_id"]), int(arguments["num_workers"])
+
+
+def launching_worker() -> tuple[int, int, Any] | None:
+    """(worker_id, num_workers, multiprocessing's Popen) if this fork launches a DataLoader worker.
+
+    multiprocessing forks from ``Popen._launch(self, process_obj)``; the
+    Process still holds its target and arguments there. That frame is a few
+    levels up (the registry's _context_for_this_fork, its _on_before, then os.fork's caller);
+    the walk is bounded so an unrelated deep stack costs nothing.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        process = frame.f_locals.get("process_obj") if frame.f_code.co_name == "_launch" else None
+        if process is not None:
+            target = getattr(process, "_target", None)
+            signature = _worker_signature(target) if target is not None else None
+            if signature is None:
+                return None
+            try:
+                return (*_worker_arguments(process, signature), frame.f_locals.get("self"))
+            except (TypeError, KeyError, ValueError):
+                return None
+        frame = frame.f_back
+    return None

@@ -18,7 +18,7 @@ import threading
 import psutil
 
 import safeloader
-from safeloader import _loader_lock, _registry
+from safeloader import _loader_lock, _registration, _registry
 from safeloader.backends import pin_memory, threadpools
 
 loader = safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=2, freeze_gc=True)
@@ -65,8 +65,8 @@ print(f"{len(cases)} cases: {sorted({hook.name for hook, _, _ in cases})}", flus
 failures = 0
 for hook, phase, place in cases:
     interrupter = Interrupter(getattr(hook, phase), place)
-    _registry._hooks[hook.name] = dataclasses.replace(hook, **{phase: interrupter})
-    _registry._reorder()
+    _registration._hooks[hook.name] = dataclasses.replace(hook, **{phase: interrupter})
+    _registration._reorder()
     problems = []
     try:
         iterator = iter(loader)
@@ -78,8 +78,8 @@ for hook, phase, place in cases:
     except BaseException as error:  # what the user must not get
         problems.append(f"{type(error).__name__}: {error}")
     finally:
-        _registry._hooks[hook.name] = hook
-        _registry._reorder()
+        _registration._hooks[hook.name] = hook
+        _registration._reorder()
     if not interrupter.fired:
         problems.append("the hook did not run")
     gc.collect()
