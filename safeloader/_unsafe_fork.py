@@ -105,6 +105,7 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
             note = entry.by + (f"; its own fork-safe setting: {entry.remedy}" if entry.remedy else "")
     else:
         note = ""
+    package = native_libraries.package_of(library)  # from its modules ("polars", not its runtime's folder)
     kinds = native_pools.runtimes(library)
     what = native_pools.describe(library, kinds)
     if package != os.path.basename(library):
