@@ -1,6 +1,6 @@
 """Libraries that terminate a forked child themselves once the parent used them (issue: any native
 pool): numba's OpenMP threading layer and TensorStore. torch's loader loses its workers ("exited
-unexpectedly", the library's own message on stderr); safeloader finds the library before any
+unexpectedly" or "killed by signal", the library's own message on stderr); safeloader finds the library before any
 worker starts and, the Dataset pickling, starts the workers with a forkserver: correct data and a
 warning that names the library and its own fork-safe setting. numba's workqueue layer survives
 fork: no warning there (a false alarm would be a defect too). Each case runs in a child
@@ -21,8 +21,10 @@ pytestmark = pytest.mark.timeout(150)
                                                       "OpenMP"), ("tensorstore", "fork")])
 def test_torchs_workers_are_terminated_by_the_library(case, message):
     result = run_script("aborting_library.py", case, "torch", timeout=90)
-    assert result.stdout.startswith("RuntimeError: DataLoader worker (pid(s) "), result
-    assert "exited unexpectedly" in result.stdout and message in result.stderr, result
+    # torch says it either way, depending on which it notices first: its SIGCHLD handler or its queue's timeout.
+    assert result.stdout.startswith("RuntimeError: DataLoader worker (pid"), result
+    assert "exited unexpectedly" in result.stdout or "is killed by signal" in result.stdout, result
+    assert message in result.stderr, result
 
 
 @pytest.mark.parametrize("case, named", [
