@@ -137,7 +137,8 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
         if watch is not None and start_method == "fork":
-            watch.lacking_pools = lacking
+            watch.lacking = lacking
+            watch.lacking_pools = frozenset(hazard.library for hazard in lacking)
             watch.find_lacking_pools = functools.partial(_unsafe_fork.hazards, options)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)

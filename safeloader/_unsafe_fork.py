@@ -182,6 +182,16 @@ def _forkserver_unusable(loader: Any) -> str | None:
     return None
 
 
+def explain_dead_worker(found: tuple[Hazard, ...]) -> str:
+    """What to tell a user whose forked worker died, the parent having held ``found`` at the fork."""
+    held = "; ".join(str(hazard) for hazard in found)
+    return (
+        f"safeloader: this loader forked its workers from a process holding {held} (on_unsafe_fork='warn' or "
+        f"'ignore'), which a forked worker inherits without its threads: a library can terminate such a worker "
+        f"itself (its message is on stderr above).{_remedies(list(found))}"
+    )
+
+
 def _remedies(found: list[Hazard]) -> str:
     notes = "".join(f" {h.package}: {h.note}." for h in found if h.note)
     return (
@@ -193,20 +203,20 @@ def _remedies(found: list[Hazard]) -> str:
     )
 
 
-def apply(loader: Any, options: Options, start_method: str) -> frozenset[str]:
+def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...]:
     """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn.
 
-    Returns the libraries whose live threads its forked workers will lack (with "warn" and
-    "ignore"): the stall watchdog names a worker that waits in one of them within seconds.
+    Returns what its forked workers will lack (with "warn" and "ignore"): the stall watchdog
+    names a worker that waits in one of those libraries within seconds, and one that dies.
     """
     policy = options.on_unsafe_fork
     if start_method != "fork":
-        return frozenset()
+        return ()
     found = hazards(options)
     if not found:
-        return frozenset()
+        return ()
     if policy == "ignore":
-        return frozenset(hazard.library for hazard in found)
+        return tuple(found)
     held = "; ".join(str(hazard) for hazard in found)
     fate = (
         "is terminated by the library itself (torch's own loader's workers die there too)"
@@ -236,9 +246,9 @@ def apply(loader: Any, options: Options, start_method: str) -> frozenset[str]:
         )
     if policy == "forkserver":
         object.__setattr__(loader, "multiprocessing_context", forkserver_context(loader))
-        return frozenset()
+        return ()
     _warn(loader, found, f"{stuck} Forked anyway (on_unsafe_fork='warn').{_remedies(found)}")
-    return frozenset(hazard.library for hazard in found)
+    return tuple(found)
 
 
 def _warn(loader: Any, found: list[Hazard], message: str) -> None:

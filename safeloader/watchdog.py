@@ -122,6 +122,7 @@ class Watch:
         self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
         # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
         # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
+        self.lacking: tuple[Any, ...] = ()  # the _unsafe_fork.Hazards the workers were forked with anyway
         self.lacking_pools: frozenset[str] = frozenset()
         self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
         self._waits: dict[int, tuple[str, int, float]] = {}
@@ -599,7 +600,14 @@ def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]
     while True:
         step = min(remaining, watch.poll_interval)
         started = time.monotonic()
-        success, data = torch_wait(step)
+        try:
+            success, data = torch_wait(step)
+        except RuntimeError as exc:  # torch's "DataLoader worker ... exited unexpectedly / killed by signal"
+            if watch.lacking and str(exc).startswith("DataLoader worker"):
+                from . import _unsafe_fork
+
+                raise RuntimeError(f"{exc} {_unsafe_fork.explain_dead_worker(watch.lacking)}") from exc
+            raise
         ended = time.monotonic()
         if ended - started > step + max(1.0, step):
             # This process was not running (stopped, suspended): nor, likely, were its

@@ -45,3 +45,17 @@ def test_numba_remedy_is_named_and_its_workqueue_layer_forks_with_no_warning():
     assert check_script("aborting_library.py", "numba-workqueue", "safeloader", timeout=120).stdout.splitlines() == [
         "equal to the direct read"
     ]
+
+
+@pytest.mark.parametrize("case, named", [
+    ("numba", "numba's native threads (omppool."),
+    ("tensorstore", "tensorstore's native threads (_tensorstore."),
+])
+def test_forked_anyway_the_dead_workers_error_names_the_library_and_the_remedies(case, named):
+    # on_unsafe_fork="warn": the workers are forked and the library terminates them, as under torch;
+    # torch's error then says which library the parent held and what to do.
+    lines = check_script("aborting_library.py", case, "safeloader-warn", timeout=120).stdout.splitlines()
+    assert lines[0].startswith("RuntimeError: DataLoader worker (pid"), lines
+    assert f"safeloader: this loader forked its workers from a process holding {named}" in lines[0], lines
+    assert "create or open what uses it in each worker, lazily" in lines[0], lines
+    assert lines[1].startswith("UnsafeForkWarning: ") and "Forked anyway" in lines[1], lines

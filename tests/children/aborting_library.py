@@ -2,10 +2,11 @@
 numba's parallel functions on its OpenMP threading layer (or, as the control, on its fork-safe
 workqueue layer), or a TensorStore array. The parent uses it first; 2 workers read 8 items.
 
-argv: ``numba``, ``numba-workqueue`` or ``tensorstore``; ``torch`` or ``safeloader`` (whose
-DataLoader). Prints the items (``equal to the direct read``, or the error's type and first line),
-then each warning's category and first line (but Python 3.12+'s DeprecationWarning on forking
-a multi-threaded process).
+argv: ``numba``, ``numba-workqueue`` or ``tensorstore``; ``torch``, ``safeloader`` (whose
+DataLoader) or ``safeloader-warn`` (``on_unsafe_fork="warn"``: forked anyway). Prints the
+items (``equal to the direct read``, or the error's type and first line), then each warning's
+category and first line (but Python 3.12+'s DeprecationWarning on forking a multi-threaded
+process).
 """
 
 import os
@@ -68,7 +69,11 @@ if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
     if which == "torch":
         from torch.utils.data import DataLoader
     else:
+        import safeloader
         from safeloader import DataLoader
+
+        if which == "safeloader-warn":
+            safeloader.configure(on_unsafe_fork="warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
