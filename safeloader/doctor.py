@@ -375,6 +375,12 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                     + _UNSAFE_FORK_WILL.get(options.on_unsafe_fork, "")
                     + f"; a worker waiting in it is named within seconds (stall_timeout={options.stall_timeout})",
                 )
+    for path in native_libraries.used_runtimes():  # pools on another library's threads (numba's on OpenMP's)
+        known = native_libraries.known(path)
+        if known is not None and known.fork == native_libraries.ABORTS:
+            owner = f"{native_libraries.package_of(path)} ({os.path.basename(path)})"
+            remedy = f"its own setting: {known.remedy}, or " if known.remedy else ""
+            add("pool", owner, f"{owner} was used in this process: {known.by}", "breaks", remedy=remedy + forkserver)
     for entry in _open_h5py_files():
         writable = entry["mode"] != "r"
         what = f"open h5py file {entry['path']} (mode {entry['mode']!r}): workers would share the parent's HDF5 handle"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .subproc import check_script, run_script
+from .subproc import check_python, check_script, run_script
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -59,3 +59,26 @@ def test_forked_anyway_the_dead_workers_error_names_the_library_and_the_remedies
     assert f"safeloader: this loader forked its workers from a process holding {named}" in lines[0], lines
     assert "create or open what uses it in each worker, lazily" in lines[0], lines
     assert lines[1].startswith("UnsafeForkWarning: ") and "Forked anyway" in lines[1], lines
+
+
+def test_doctor_names_numbas_openmp_layer_once_used_with_its_own_setting():
+    out = check_python(
+        """
+        import numpy as np
+        from numba import njit, prange
+
+        @njit(parallel=True)
+        def total(values):
+            sum_ = 0.0
+            for i in prange(values.shape[0]):
+                sum_ += values[i]
+            return sum_
+
+        total(np.arange(1000.0))
+        import safeloader
+        safeloader.doctor()
+        """,
+        timeout=120,
+    ).stdout
+    assert "[WARN] numba (omppool." in out and "NUMBA_THREADING_LAYER='workqueue'" in out, out
+    assert "1 problem(s): numba (omppool." in out, out
