@@ -1,17 +1,6 @@
 """Locks an interrupted loader start can leave held by nobody, and their release.
 
-CPython takes many of its locks in Python code (``with lock:``). A KeyboardInterrupt, or any
-exception a signal handler raises, that lands between the acquire and the ``with`` block leaves
-the lock held, and nothing will release it. In a loader start that was cut short (a Ctrl-C
-storm, a SIGALRM timeout) two such locks hung the next start (``tests/children/interrupt_storm.py``):
-
-- a queue's ``put`` (``multiprocessing.Queue._notempty``) during torch's prefetch: torch's own
-  ``_shutdown_workers`` then waits forever in its ``put``;
-- ``threading._active_limbo_lock`` in ``Thread.start`` (a queue's feeder thread, the watchdog's
-  thread): every thread started later waits forever to register itself, and so does the
-  ``start()`` that started it.
-
-Both are released only for a start that was cut short, before its workers are shut down.
+How it works and why: docs/internals.md, ``safeloader._abandoned_locks``.
 """
 
 from __future__ import annotations

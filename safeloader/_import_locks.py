@@ -1,26 +1,6 @@
 """Imports other threads are running when a DataLoader worker forks.
 
-A module another thread is importing at the fork is copied half-imported into
-the worker, its import lock held by a thread the worker does not have: the
-worker's first import of it waits forever (seen: a thread receiving a batch
-imports ``hmac`` for multiprocessing's handshake while another thread forks
-workers, whose numpy seeding imports ``hmac`` too). torch's loader hangs there.
-
-Two steps, because neither is enough alone:
-
-- in the parent, before the fork, ``wait_for_imports_in_other_threads`` lets
-  those imports finish (at most ``IMPORT_WAIT_SECONDS`` each), so that the
-  worker gets the module complete;
-- in the worker, ``forget_imports_of_other_threads`` drops what an import still
-  running in another thread at the fork left behind: its lock, and the module
-  if it was still executing. An import can start between the parent's last
-  look and the fork itself (other at-fork callbacks run Python code, and the
-  GIL can pass to another thread there); the worker then imports that module
-  afresh on first use, as if the other thread had never started.
-
-Both read importlib's own table of module locks (``importlib._bootstrap._module_locks``:
-name -> weakref to a ``_ModuleLock`` whose ``owner`` is a thread id while held),
-the same on CPython 3.9-3.14; where it is missing there is nothing to do.
+How it works and why: docs/internals.md, ``safeloader._import_locks``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Work that holds glibc's dynamic-loader lock, and forks from other threads, without either
 waiting for the other's at-fork callbacks.
 
-A fork from another thread while this thread holds the loader lock (dladdr,
-dl_iterate_phdr, dlopen) gives a child that hangs at its first dlopen. Such work
-(``section``) runs one of two ways:
-
-- with the GIL released, when no other thread is inside a fork (between its
-  ``before`` and ``after_in_parent`` callbacks): forks that start meanwhile wait
-  in safeloader's ``before`` callback until it is done (``enter_fork``). It is
-  short; the wait is only as long as the loader lock is busy anyway.
-- with the GIL held, when another thread is inside a fork: that thread cannot
-  reach ``fork()`` before the work is done (``os.fork`` forks holding the GIL),
-  and the work does not wait for that fork, nor for its at-fork callbacks
-  (a user's may be slow, or wait for a lock a third thread holds).
-
-Waiting for the loader lock with the GIL released, wherever possible, matters: a
-thread holding the loader lock may need the GIL to let it go (a Python callback
-of ctypes' ``dl_iterate_phdr``). The state is guarded by a lock held for a few
-bytecodes at a time, never across a wait for anything else.
+How it works and why: docs/internals.md, ``safeloader._loader_lock``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """The fork-hook dispatch, from one ``os.register_at_fork`` registration (hooks register in ``_registration``).
 
-A fork is a *DataLoader worker fork* when multiprocessing is launching a
-Process whose target is a DataLoader worker loop (found on the caller's frame,
-so this is exact and cheap). Such a fork is *armed* when
-the forking thread is inside a safeloader loader's worker start, or when
-``safeloader.install()`` is active. Hooks run around armed worker forks only;
-a hook registered with ``every_fork=True`` also runs around any other
-``os.fork`` (``subprocess`` never triggers at-fork callbacks).
-
-Errors are never swallowed. ``os.register_at_fork`` prints and ignores
-exceptions, so they are recorded here and re-raised where they can reach the
-user: in the parent by the loader once its workers are started, in a worker
-by safeloader's ``worker_init_fn`` wrapper through torch's worker-error path.
-
-Interrupts are not errors. A ``KeyboardInterrupt`` (Ctrl-C), any other
-BaseException that is not an Exception, or an exception a Python signal
-handler raised (``is_interrupt``) that lands in the parent while a fork's
-callbacks run cannot leave the fork either: it is deferred (``Arming.interrupt``)
-while the fork completes and every hook's ``after_in_parent`` rolls its state
-back, and the loader raises it, as itself, once its workers are stopped. One
-that lands where no code of ours can catch it (the first instruction of a
-callback, another library's at-fork callback, a ctypes callback) is reported
-to ``sys.unraisablehook`` by CPython: during an armed start that hook is
-ours and defers it too, and the fork left open is closed when the start ends
-(``arm``). No lock, gate or frozen state outlives an interrupted start.
+How it works and why: docs/internals.md, ``safeloader._registry``.
 """
 
 from __future__ import annotations

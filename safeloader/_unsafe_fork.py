@@ -1,26 +1,6 @@
 """``on_unsafe_fork``: what a loader does when its parent holds a pool no backend resets.
 
-Checked in the parent when a loader is about to fork its workers. Every live
-native thread is attributed to the shared object it was started in (``thread_owners``,
-read from /proc without stopping it, once per thread); each object is looked up
-in ``native_libraries``. A hazard is a library with live threads that is
-
-- unknown: any library's own pool (C/C++ threads, a statically linked Rust
-  runtime, FFmpeg's, ...): a forked worker that uses it waits forever;
-- known to abort a forked child that uses it (TensorStore, numba's OpenMP layer);
-- handled by a backend that is off for this loader (polars, zarrs);
-- GNU OpenMP with live pool threads while the "threadpools" backend is off.
-
-Policies: "auto" (default) starts the workers with a forkserver preloaded with
-torch, torch.utils.data, the Dataset's module and the library's package when
-the Dataset (with collate_fn and worker_init_fn) pickles, warning once per
-loader and library (``UnsafeForkWarning``), and raises ``UnsafeForkError``
-naming the library and the remedies when it does not; "raise" always raises;
-"forkserver" always switches; "warn" forks with the warning; "ignore" forks.
-
-Nothing is read from disk unless a live thread waits in a library that is
-neither a system library nor in the table (then its file is read once, for the
-kind of runtime it links: rayon, tokio).
+How it works and why: docs/internals.md, ``safeloader._unsafe_fork``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """``safeloader doctor``: what would happen if this process started DataLoader workers now.
 
-Reports the versions, the start method workers will use, every registered
-fork hook (built-in backends included) and whether it is active, and what is
-live in this process at fork (native threads and the pools they belong to,
-open h5py files and npz archives, CUDA, Python threads), each in one group:
-handled at fork (naming the hook that handles it: a safeloader backend, or the
-library's own fork handler), safe at fork by itself, will break in forked
-workers (with a remedy), or unknown to safeloader. The last line says what to
-do, in one line (``summary``).
-
-From the command line: ``python -m safeloader doctor [--json] [--import pkg ...]``.
-From code: ``safeloader.doctor()`` prints the report and returns it as a dict;
-call it where your program would create its DataLoader.
+How it works and why: docs/internals.md, ``safeloader.doctor``.
 """
 
 from __future__ import annotations

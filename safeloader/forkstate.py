@@ -1,22 +1,6 @@
 """What is live in a process at fork time: native threads, thread pools, accelerators.
 
-A forked child keeps only the forking thread; whatever the other threads held
-(locks, a pool's bookkeeping) is copied as it was, which is how native
-libraries hang in DataLoader workers. ``snapshot()`` describes that state for
-diagnostics (``safeloader doctor``, the stall watchdog) and the backends::
-
-    state = safeloader.forkstate.snapshot()
-    state.native_threads      # threads Python did not start, each with the library it waits in
-    state.gomp_unsafe         # GNU OpenMP runtimes a forked child must keep at 1 thread
-    state.pools               # BLAS/OpenMP pools seen by threadpoolctl (None if not installed)
-    state.accelerators        # ("cuda",) if CUDA is initialised: a forked child cannot use it
-    print(state.describe())   # the same, as text
-
-In a worker, ``parent_state()`` is the snapshot the parent took just before
-forking it (the "forkstate" fork hook). A thread blocked in a system call is
-attributed to the shared object (``dladdr``) holding its instruction pointer
-(``/proc/self/task/<tid>/syscall``); one that cannot be attributed is treated
-as possibly GNU OpenMP.
+How it works and why: docs/internals.md, ``safeloader.forkstate``.
 """
 
 from __future__ import annotations

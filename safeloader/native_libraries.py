@@ -1,20 +1,6 @@
 """What safeloader knows about native libraries whose threads a forked worker does not get.
 
-One table, read by the fork check (``on_unsafe_fork``), ``doctor`` and the
-stall report. A live native thread is attributed to the shared object it was
-started in (``thread_owners``); that object is then one of:
-
-- handled by a backend, which resets or limits it around the fork;
-- known to survive fork by itself (the library resets its pool in the child, or
-  refuses with its own clear error there);
-- known to abort a forked child that uses it (its own fork check), with the
-  library's own fork-safe setting where it has one;
-- unknown: a pool no one resets. A worker that uses it waits forever, as it
-  does under torch's loader. ``on_unsafe_fork`` decides what happens then.
-
-Entries match the object's file name (``libgomp-a34b3233.so.1``: prefix
-``libgomp``) or the Python package that ships it (``tokenizers``, for
-``site-packages/tokenizers/tokenizers.abi3.so``).
+How it works and why: docs/internals.md, ``safeloader.native_libraries``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Which library owns a native thread pool, and what kind of pool it is: for diagnostics.
 
-Rust extensions link their runtimes statically (rayon's global pool, tokio's
-runtime), and their wheels are stripped: a thread waiting in one shows only
-unnamed frames inside the extension's shared object. The object's bytes still
-name the crates they were built from (panic messages carry source paths such
-as ``rayon-core-<version>/src/latch.rs``), which tells what runs inside; the
-module that loaded the object tells whose it is (``polars`` for
-``_polars_runtime.abi3.so``).
-
-Used by ``safeloader doctor`` and the stall report, never around a fork: a
-scan may read the whole file, so it is done once per library per process.
+How it works and why: docs/internals.md, ``safeloader.native_pools``.
 """
 
 from __future__ import annotations

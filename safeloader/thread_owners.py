@@ -1,16 +1,6 @@
 """Which shared object started each native thread of this process, read without stopping it.
 
-A thread blocked in a system call shows its stack pointer in
-``/proc/self/task/<tid>/syscall``. The words from there to the top of its stack
-(read through ``/proc/self/mem``: a stack unmapped meanwhile reads as an error,
-never a crash) hold the return addresses of every live frame; looked up among
-the executable mappings of the loaded objects (``/proc/self/maps``), the
-outermost one outside the C/C++ runtimes is the code the thread was started
-in: its pool's owner (``blas_thread_server`` in OpenBLAS, a rayon worker in a
-Rust extension, a ``std::thread`` lambda in DuckDB). Inner frames can hold
-words that point into other objects (a callback, a dependency's code), so the
-innermost match is only the fallback. No signal is sent, no loader lock taken
-and no file opened but under /proc; an answer is kept per thread.
+How it works and why: docs/internals.md, ``safeloader.thread_owners``.
 """
 
 from __future__ import annotations

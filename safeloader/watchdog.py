@@ -1,28 +1,6 @@
 """The stall watchdog: a DataLoader worker that makes no progress is named, diagnosed and stopped.
 
-Progress is measured per worker, per item, in a small shared-memory array of
-heartbeats: each worker marks itself busy when it starts fetching a batch,
-counts every item it finishes, and marks itself idle when the batch is done.
-A worker that is idle (waiting for indices while the training loop is busy)
-is never stalled; a busy worker is stalled when no item finished for
-``stall_timeout`` seconds. The worker's start and its first item get
-``FIRST_ITEM_FACTOR`` times as long (files are opened, caches warmed).
-
-The parent checks the heartbeats while it waits for data (the iterator's
-``_try_get_data`` is wrapped, torch's waiting logic runs unchanged). When a
-worker is stalled, the parent collects its Python stacks (faulthandler,
-registered on a signal in the worker) and its native stacks (the C
-extension's signal-safe backtrace, one thread at a time), shuts the workers
-down and raises ``WorkerStallError`` naming the worker, the stuck frames and
-the likely cause (see ``_stall_report``).
-
-The worker picks those two signals when it installs them: real-time signals
-nobody holds there (``_stacks.free_signals``), so a handler of the user's or
-of a library (faulthandler, pytest-timeout) is never taken; the parent reads
-which ones from the heartbeats. The parent takes no signal at all: time spent
-stopped (Ctrl-Z) is told from the kernel (``waitid(WCONTINUED)`` on each
-worker, a stopped worker's state), not from a SIGCONT handler that a handler
-installed later by the user would replace.
+How it works and why: docs/internals.md, ``safeloader.watchdog``.
 """
 
 from __future__ import annotations

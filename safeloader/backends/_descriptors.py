@@ -1,26 +1,6 @@
 """This process's descriptor table, listed once per worker fork for the hooks that read it.
 
-The "sockets" and "files" hooks both need the type (and, for regular files,
-the device and inode) of every descriptor a worker inherited. Listing
-``/proc/self/fd`` and ``fstat``-ing each entry is a system call per
-descriptor, and system calls are most of what these hooks cost, so the first
-of them to ask in a worker lists the table and the other reuses it: the
-hooks run one after the other in the forking thread, and the only
-descriptors they change in between are sockets the "sockets" hook replaces by
-other sockets and files the "h5py" hook privatizes (which the "files" hook
-skips anyway, see ``_reopen.private_fds``).
-
-The list is made in the parent, in the ``before`` phase of the fork
-(``record_at_fork``), and inherited: a new process listing its own
-``/proc/self/fd`` pays for the kernel building its /proc entries and for the
-pages it writes that the parent shares, the parent for neither. A
-descriptor another parent thread opens or closes between that listing and the
-fork is the one thing it can miss; each hook checks the descriptors it acts on
-(the sockets hook probes each socket, the files hook re-reads each file's
-flags and identity). Without a record for this fork (a hook registered
-without ``before``, or a fork the parent did not record), the worker lists its
-own. A process keeps the list until its last reader is done (``forget``), and
-a process forked from it never sees it (it is keyed by pid and fork generation).
+How it works and why: docs/internals.md, ``safeloader.backends._descriptors``.
 """
 
 from __future__ import annotations

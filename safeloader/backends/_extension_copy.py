@@ -1,18 +1,6 @@
 """A private copy of a native extension module for a forked worker, and the Python names that must follow it.
 
-Rust extensions (rayon's global thread pool, a static tokio runtime) keep
-their pools in statics of the extension's shared object. A forked worker
-inherits the bookkeeping without the threads, and nothing resets it. The
-dynamic loader maps a file once per process (it matches device and inode), so
-the worker loads a *different file with the same bytes*: its statics start
-empty and its pools are created afresh on first use.
-
-The parent makes the copy once (``make_copy``): an unnamed temporary file on
-disk (``O_TMPFILE``; page cache, reclaimable, shared by all workers), or a
-memfd where that fails. Each worker loads it (``load_copy``) and moves every
-Python reference to the old module's objects (``find_references`` in the
-parent, ``rebind`` in the worker) to the new module's: objects of the two
-copies do not mix (``'PySeries' object is not an instance of 'PySeries'``).
+How it works and why: docs/internals.md, ``safeloader.backends._extension_copy``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Shared by the file-handle backends (files, h5py, npz): private file descriptions
 in forked workers, and pickling by path for spawn/forkserver workers.
 
-Fork. An inherited descriptor refers to the parent's open file description:
-one offset (and one flock/OFD lock owner) shared by the parent and all
-workers, so any reader that moves the offset reads where another process
-left it. ``privatize`` gives the worker a fresh description of the same inode,
-reopened through ``/proc/self/fd/N`` (so it reaches the file even if moved or
-deleted), at the offset the parent recorded in the fork's ``before`` phase
-(``record_offsets``), installed under the same descriptor number: every object
-holding that descriptor keeps working. The parent's descriptors are untouched.
-If the reopen fails, ``privatize_or_share`` leaves the descriptor shared, as
-torch does, with one ``SharedFileWarning`` per path.
-
-Spawn/forkserver. The backends' reductions pickle handles by path and reopen
-them in the worker, only while a safeloader loader starts its workers. A
-failed reopen yields an ``Unavailable`` placeholder whose first use raises an
-error naming the path and the worker.
+How it works and why: docs/internals.md, ``safeloader.backends._reopen``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """``concurrent.futures.ThreadPoolExecutor``s a Dataset holds work in forked workers.
 
-A worker gets the parent's executor object but none of its threads. The
-executor still counts them as idle (its ``_idle_semaphore``) and starts no new
-one, so the worker's first ``submit(...).result()`` waits forever; so it does
-under torch's loader.
-
-Hook ``"executors"``: in ``before``, the parent notes every executor with live
-worker threads (each thread holds a weak reference to its executor). Each
-worker then gives those executors what a new one has: no threads, no idle
-count, an empty work queue (tasks queued in the parent are the parent's) and an
-unheld shutdown lock; its first ``submit`` starts the worker's own threads, up
-to the same ``max_workers``. Executors keep their identity, so every reference
-the Dataset holds works.
+How it works and why: docs/internals.md, ``safeloader.backends.executors``.
 """
 
 from __future__ import annotations

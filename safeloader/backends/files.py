@@ -1,22 +1,6 @@
 """Open files: each forked worker reads through its own file offset.
 
-Hook ``"files"``: in each worker, every descriptor the parent had open
-read-only on a regular file is replaced, under the same number, by a fresh
-open file description of the same file at the same offset (see ``_reopen``).
-Working at the descriptor level leaves every object as it was (buffer, text
-decoder, position) and needs nothing found in the Dataset, so it covers
-``open()`` files, ``NpzFile`` archives, HDF5 files on any driver, raw
-descriptors and C ``FILE*``, in globals and closures too. Skipped: writable
-descriptors, non-regular files (pipes, sockets, devices), /proc, /sys, /dev,
-and descriptions holding an exclusive flock/OFD lock.
-
-A descriptor the worker cannot reopen (permissions changed, stale NFS handle,
-vanished file) stays shared, as under torch, with one ``SharedFileWarning``
-(a ``RuntimeWarning``) per path; the worker never fails for it.
-
-Spawn/forkserver: read-only binary files (``open(path, "rb")``) pickle by
-path, position and file identity and are reopened in the worker; text-mode
-files are refused (their newline setting cannot be read back).
+How it works and why: docs/internals.md, ``safeloader.backends.files``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
 
-fsspec runs every async filesystem on one event loop in a thread of its own,
-with sessions bound to that loop. A forked worker inherits the objects but not
-the thread: fsspec refuses them (``This class is not fork-safe``), and files
-opened in the parent would wait forever.
-
-Hook ``"fsspec"``, in each worker (nothing is scanned; the cost is paid on
-first use):
-
-- ``AsyncFileSystem.loop`` is wrapped: an instance from another process is
-  rebuilt in place on first use from its storage arguments (as pickling it for
-  spawn would), with its own event loop and session, keeping its identity.
-- ``fsspec.asyn.sync`` is wrapped: a call on the parent's loop (a file opened
-  in the parent) moves to the worker's loop when the object can be rebound (it
-  has an ``fs`` and a ``session``, as HTTP files do), else raises at once.
-
-The parent's objects are not touched; inherited sessions are dropped in the
-worker unclosed (the ``"sockets"`` hook severs their sockets).
+How it works and why: docs/internals.md, ``safeloader.backends.fsspec``.
 """
 
 from __future__ import annotations

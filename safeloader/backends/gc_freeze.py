@@ -1,19 +1,6 @@
 """The "gc" backend: freeze the parent's objects around each worker fork (option ``freeze_gc``).
 
-A forked worker shares the parent's memory until a page is written. CPython's
-cyclic garbage collector writes to every container it examines, so a full
-collection in a worker copies every page holding one: a Dataset of millions
-of Python objects is duplicated into each worker (torch issue 13246).
-
-``gc.freeze()`` moves every tracked object into the permanent generation,
-which collections never examine. It is O(1), so it is done around each fork:
-frozen in ``before``, unfrozen in ``after_in_parent``. The worker keeps the
-inherited objects frozen for its whole life. Reference counts are still
-written, so the objects a worker actually reads are copied either way.
-
-A program that froze objects itself (``gc.get_freeze_count() > 0``) manages
-gc.freeze on its own: this backend then does nothing, since ``gc.unfreeze``
-cannot tell its objects from ours.
+How it works and why: docs/internals.md, ``safeloader.backends.gc_freeze``.
 """
 
 from __future__ import annotations

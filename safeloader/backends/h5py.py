@@ -1,23 +1,6 @@
 """h5py: HDF5 files opened in the parent work in every DataLoader worker.
 
-Fork. The worker's HDF5 state (open files, caches, the Dataset's h5py
-objects) is a private copy; what fork leaves shared is the open file
-description behind each descriptor: one file offset, moved by the ``stdio``
-and ``fileobj`` drivers on every read, and one flock owner. The ``"files"``
-hook gives each worker its own description of every read-only file, so every
-h5py object keeps working with the parent's open parameters and nothing needs
-finding. ``sec2`` (the default driver, ``pread``) and in-memory files are safe
-either way. No h5py function runs inside the fork window (parent-side work is
-in ``prepare_start``), so h5py's own at-fork handling does not interfere.
-
-A file the parent holds *writable* is not reopened: the worker's HDF5 copy may
-hold the parent's unflushed metadata. safeloader warns once per file
-(``WritableFileWarning``) and hook ``"h5py"`` makes the worker's descriptors
-of it read-only, so a worker's write fails with an HDF5 error.
-
-Spawn/forkserver. ``File``, ``Group``, ``Dataset`` and ``Datatype`` pickle by
-path, open parameters and object name, and are reopened once per worker;
-writable, in-memory and file-object files raise a TypeError saying what to do.
+How it works and why: docs/internals.md, ``safeloader.backends.h5py``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """LMDB: environments a Dataset opened in the parent work in forked workers.
 
-LMDB's rule is that an environment must not be used after ``fork()``: the
-child must open its own. A py-lmdb ``Environment`` from the parent, used in a
-worker, takes a slot of the shared reader table on every read transaction,
-under the parent's pid and never freed, until ``MDB_READERS_FULL``.
-
-Hook ``"lmdb"``: before forked workers start, the parent notes where the
-Dataset holds environments (attributes, lists, dicts, objects under them;
-``Subset``/``ConcatDataset`` included). Each worker closes its inherited copy
-(releasing only what it owns), opens the environment afresh (same path and
-flags) and puts it in the same place.
-
-Refused with ``LmdbWritableError`` before any worker starts: environments held
-open for writing. Not covered: environments kept only in globals or closures,
-and named databases or transactions opened in the parent (open them in the
-worker). Spawn/forkserver: read-only environments pickle by path and open
-options; writable ones raise a TypeError.
+How it works and why: docs/internals.md, ``safeloader.backends.lmdb``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """npz: ``np.load("x.npz")`` archives opened in the parent work in every worker.
 
-Fork. An ``NpzFile`` reads through a ``zipfile.ZipFile`` on a buffered file
-object, which seeks and reads at a file offset the parent and all workers
-share: reads fail (``BadZipFile``, bad CRC) or return wrong data, in the
-workers and in the parent. The ``"files"`` hook gives each worker its own
-open file description of the archive at the same offset, under the same
-descriptor, so the ``NpzFile``, its ``ZipFile`` and its file object keep
-working unchanged in the worker and in the parent. No NpzFile needs finding,
-so this module registers no fork hook of its own.
-
-Spawn/forkserver. An ``NpzFile`` pickles by path (or by its file object, for
-``np.load(fileobj)``) with its ``allow_pickle``/``max_header_size`` settings
-and is reopened in the worker.
+How it works and why: docs/internals.md, ``safeloader.backends.npz``.
 """
 
 from __future__ import annotations

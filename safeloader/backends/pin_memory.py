@@ -1,21 +1,6 @@
 """The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code.
 
-With ``pin_memory=True`` (and an accelerator) a loader's pin-memory thread
-runs torch's ``pin_memory(batch)``, native code with the GIL released that may
-hold C-library locks a fork does not reset (torch issue 130610: glibc's
-atexit-list lock, which hangs the worker at its first C++ static
-initialisation). Typical trigger: a validation loader forking its workers
-while the training loader's pin thread pins its first batches.
-
-The fix is a gate around torch's ``pin_memory()`` (a module global of torch's
-pin-memory loop, so replacing it reaches every pin thread): during a
-safeloader worker fork, ``before`` closes it and waits for calls in progress,
-``after_in_parent`` reopens it. The forking thread passes through; concurrent
-forks are counted. Other native threads: see the README, "Threads at fork".
-
-``safeloader.uninstall()`` removes the gate; without ``install()`` it stays
-once a ``SafeDataLoader`` has started workers (a call already in progress
-must be seen): ``remove_gate()`` takes it out until the next armed start.
+How it works and why: docs/internals.md, ``safeloader.backends.pin_memory``.
 """
 
 from __future__ import annotations

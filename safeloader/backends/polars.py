@@ -1,21 +1,6 @@
 """Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging.
 
-polars runs its queries on a rayon thread pool and its async I/O on a tokio
-runtime, statics of its runtime extension module. Once the parent has used
-them (a ``group_by``, a ``sort``, a parquet read), a forked worker inherits
-them without their threads: its first parallel query waits forever.
-``POLARS_MAX_THREADS`` is read once, when the pool is built, and polars has
-no call to rebuild it.
-
-Each worker therefore loads its own copy of the runtime extension (see
-``_extension_copy``), with a fresh pool of ``thread_budget`` threads (default
-cores // num_workers), and points every polars name at it; objects built in
-the parent move to it on first use (``polars_objects``). When the parent never
-started the pool, the worker keeps the inherited module.
-
-Supported versions: ``SUPPORTED``. Otherwise, or if the copy cannot be loaded,
-workers raise ``PolarsForkError`` on their first polars call, naming the fix,
-instead of hanging.
+How it works and why: docs/internals.md, ``safeloader.backends.polars``.
 """
 
 from __future__ import annotations

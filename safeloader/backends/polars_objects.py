@@ -1,20 +1,6 @@
 """In a worker: polars objects built before the fork move to the worker's own polars runtime.
 
-A ``pl.DataFrame`` keeps its native object in ``_df`` (``Series._s``,
-``LazyFrame._ldf``, ``Expr._pyexpr``, ...). One inherited from the parent
-belongs to the parent's copy of polars' extension: its methods would hang on
-the parent's thread-less pool, and the worker's copy refuses it ("'PySeries'
-object is not an instance of 'PySeries'"). Instead of scanning the heap, the
-worker puts a descriptor on each polars class attribute annotated with a
-native type, so an inherited native object is moved on its first use, once:
-
-- ``PyDataFrame`` / ``PySeries``: column by column through the Arrow C stream
-  interface, zero-copy (exporting a column uses no thread pool);
-- ``PyExpr`` and a ``PyLazyFrame`` that scans files: polars' own serialization
-  (a plan holding an in-memory DataFrame is refused);
-- ``PyCategories``: mapped to the worker's global categories;
-- anything else (``SQLContext``, lazy group-bys, ...) raises
-  ``PolarsInheritedObjectError`` at once, naming the object and the fix.
+How it works and why: docs/internals.md, ``safeloader.backends.polars_objects``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Sockets: no forked worker shares a connected TCP (or TLS) stream with the parent.
 
-A connected TCP socket is one byte stream: an HTTP keep-alive connection made
-in the Dataset's ``__init__`` (``requests.Session``, ``urllib3.PoolManager``,
-botocore, ``http.client``) is then used by the parent and every worker at
-once, each reading parts of the others' responses.
-
-Hook ``"sockets"``: in each worker, every inherited descriptor of a connected
-(or connecting) ``AF_INET``/``AF_INET6`` stream socket is replaced, under the
-same number, by a socket that looks closed by its peer (end-of-file on read,
-``EPIPE`` on write, readable and hung up to ``poll``). urllib3 (requests,
-botocore) then opens a fresh connection; inherited ``http.client``
-connections reconnect on their next request (``HTTPConnection.putrequest`` is
-wrapped in the worker); any other user gets the error of a closed connection,
-never another process's bytes.
-
-The parent's connections are not disturbed: the worker only ``dup2``s over its
-descriptor and never shuts the socket down. Left alone: listening,
-unconnected, Unix and UDP sockets, and non-sockets. To share connections as
-torch does: ``disable_hooks=("sockets",)``.
+How it works and why: docs/internals.md, ``safeloader.backends.sockets``.
 """
 
 from __future__ import annotations

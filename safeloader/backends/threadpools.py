@@ -1,21 +1,6 @@
 """The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker.
 
-torch sets its own intra-op thread count to 1 in each worker and leaves every
-other pool alone, so numpy's OpenBLAS still starts one thread per core in
-every worker. Environment variables such as OMP_NUM_THREADS come too late
-after a fork, so the limits go through the libraries' runtime APIs, via
-threadpoolctl.
-
-In each worker, BLAS pools (OpenBLAS, MKL, BLIS), OpenMP runtimes and torch's
-intra-op count get the *budget*: the ``thread_budget`` option, or by default
-the cores this process may run on divided by ``num_workers`` (at least 1).
-Except: a GNU OpenMP runtime whose pool threads are alive at fork time (see
-``safeloader.forkstate``) stays at 1 thread, since libgomp hangs a forked
-child that runs a region with more; there ``torch.set_num_threads(n > 1)``
-raises instead of hanging.
-
-The parent's own limits are never changed. threadpoolctl is an optional
-dependency: without it the hook is registered but inactive (``status()``).
+How it works and why: docs/internals.md, ``safeloader.backends.threadpools``.
 """
 
 from __future__ import annotations

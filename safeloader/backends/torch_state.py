@@ -1,19 +1,6 @@
 """The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised.
 
-A forked child cannot use CUDA (or XPU) once the parent initialised it: the
-driver state does not survive fork. Under torch the worker's first CUDA call
-fails inside the Dataset with "Cannot re-initialize CUDA in forked
-subprocess", advising the spawn start method.
-
-The backend does not refuse to start: CUDA in the parent with forked workers
-is the normal training set-up (model on the GPU, Dataset on the CPU), and it
-works. Only a worker that *touches* the accelerator fails: in each worker
-forked from a parent with it initialised, torch's lazy initialiser is
-replaced by one that raises ``ForkedAcceleratorError`` saying what happened,
-in which worker, and what to do; torch delivers it to the parent at that batch.
-
-Not handled here: autograd's device threads (torch itself raises a clear
-error in a worker's backward) and intra-op threads (the "threadpools" backend).
+How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
 """
 
 from __future__ import annotations

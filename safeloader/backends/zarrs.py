@@ -1,23 +1,6 @@
 """Built-in backend for zarrs (zarrs-python): forked DataLoader workers decode without hanging.
 
-zarrs decodes on rayon's global thread pool, created as soon as an array is
-opened with the zarrs pipeline. A forked worker inherits the pool without its
-threads, so its first multi-chunk decode waits forever. Per loader
-(``zarrs_mode=``) or globally (``safeloader.configure(zarrs_mode=...)``):
-
-- ``"pool"`` (default): each worker gets a fresh rayon pool of ``thread_budget``
-  threads (default: cores // num_workers). Once zarrs' runtime has threads in
-  the parent, that is a private copy of zarrs' extension module
-  (``zarrs_native``), loaded once in the parent and never used there, so every
-  worker inherits it unused and only installs it; before, the module itself.
-- ``"serial"``: the Rust codec on the calling thread, one thread per worker.
-- ``"python"``: zarr-python's own codec pipeline (slower, no Rust).
-
-If a mode cannot be set up (versions outside ``SUPPORTED_VERSIONS``, or
-internals that differ: ``zarrs_layout``), the backend falls back pool ->
-serial -> python with one ``ZarrsFallbackWarning`` per process, decided in the
-parent before the first fork. Arrays opened before the fork and in the worker
-both work: see ``zarrs_pipelines``.
+How it works and why: docs/internals.md, ``safeloader.backends.zarrs``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """A private copy of zarrs' native extension for each forked worker.
 
-zarrs decodes on rayon's *global* thread pool, a static inside
-``zarrs/_internal.abi3.so``. A forked worker inherits that pool's bookkeeping
-but none of its threads, and rayon offers no way to reset it. The dynamic
-loader maps a file once per process (it matches device and inode), so the
-worker loads a different file with the same bytes: its statics, rayon pool
-and tokio runtime included, start empty.
-
-The parent fills a memfd with the library and loads it once, without ever
-using that copy (``safeloader.backends.zarrs``); each worker inherits it with
-its statics still empty and points zarrs' ``from ._internal import X``
-bindings at it.
+How it works and why: docs/internals.md, ``safeloader.backends.zarrs_native``.
 """
 
 from __future__ import annotations

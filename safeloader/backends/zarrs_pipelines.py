@@ -1,17 +1,6 @@
 """In a worker: every zarrs pipeline decodes through the worker's chosen mode.
 
-A pipeline opened in the parent holds a Rust decoder (``impl``) bound to the
-parent's thread pool. Instead of scanning the heap for pipelines, the worker
-patches ``ZarrsCodecPipeline`` itself: class attributes reach every instance,
-however and whenever it was created, even before safeloader was imported.
-Each pipeline is brought up to date on its first read or write in the
-worker, once:
-
-- "pool" / "serial": ``impl`` is rebuilt by zarrs' own builder, which then sees
-  the worker's fresh extension module (pool) or its serial configuration;
-- "python": reads and writes go to zarr-python's ``BatchedCodecPipeline``.
-
-Pipelines created in the worker are stamped at creation and left alone.
+How it works and why: docs/internals.md, ``safeloader.backends.zarrs_pipelines``.
 """
 
 from __future__ import annotations
