@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from ._install import install, installed, uninstall
     from ._loader import DEFAULT, SafeDataLoader
     from ._unsafe_fork import UnsafeForkWarning
+    from .backends import register as register_backend
+    from .backends._backend import Backend
     from .watchdog import WorkerStallError
 
     DataLoader = SafeDataLoader
@@ -62,6 +64,8 @@ _LAZY = {
     "doctor": (".doctor", "doctor"),
     "WorkerStallError": (".watchdog", "WorkerStallError"),
     "UnsafeForkWarning": ("._unsafe_fork", "UnsafeForkWarning"),
+    "Backend": (".backends._backend", "Backend"),
+    "register_backend": (".backends", "register"),
 }
 
 
@@ -83,6 +87,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT",
+    "Backend",
     "NATIVE",
     "DataLoader",
     "ForkContext",
@@ -104,6 +109,7 @@ __all__ = [
     "install",
     "installed",
     "register_at_fork",
+    "register_backend",
     "uninstall",
     "unregister",
 ]

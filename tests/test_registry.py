@@ -172,3 +172,51 @@ def test_a_backend_lock_another_thread_held_at_a_plain_fork_is_new_in_the_child(
         timeout=60,
     )
     assert result.stdout.strip() == "child exit 0", result
+
+
+def test_a_third_party_backend_registers_like_a_builtin_and_unregisters_whole(tmp_path):
+    marker = tmp_path / "workers"
+    prepared = []
+
+    class Reopener(safeloader.Backend):
+        name = "t.reopener"
+        description = "reopens the library's handle in each worker"
+        runs_after = ("files",)
+
+        def after_in_child() -> None:  # as for os.register_at_fork: no arguments
+            with open(marker, "a") as f:
+                f.write(f"{safeloader.fork_context().worker_id}\n")
+
+        @staticmethod
+        def prepare_start(loader, options, start_method) -> None:
+            prepared.append(start_method)
+
+    hook = safeloader.register_backend(Reopener)
+    assert hook.name == "t.reopener" and hook in safeloader.hooks()
+    names = [h.name for h in safeloader.hooks()]
+    assert names.index("files") < names.index("t.reopener")
+    batches = [batch.tolist() for batch in safeloader.DataLoader(list(range(4)), batch_size=2, num_workers=2)]
+    assert batches == [[0, 1], [2, 3]]
+    assert sorted(marker.read_text().split()) == ["0", "1"] and prepared == ["fork"]
+    safeloader.unregister(hook)  # the whole backend: its prepare_start no longer runs
+    list(safeloader.DataLoader(list(range(4)), batch_size=2, num_workers=2))
+    assert prepared == ["fork"]
+
+
+@pytest.mark.parametrize("backend, message", [
+    (object, r"must be a subclass of safeloader\.Backend"),
+    (type("NoName", (), {}), r"must be a subclass of safeloader\.Backend"),
+])
+def test_a_backend_that_is_not_one_is_refused(backend, message):
+    with pytest.raises(RegistrationError, match=message):
+        safeloader.register_backend(backend)
+
+
+def test_a_backend_without_a_name_is_refused():
+    from safeloader import Backend
+
+    class Nameless(Backend):
+        description = "does something"
+
+    with pytest.raises(RegistrationError, match=r"Nameless\.name must be a non-empty str"):
+        safeloader.register_backend(Nameless)

@@ -12,6 +12,8 @@ from typing import Any
 
 from .. import forkstate
 from .._options import Options
+from .._registration import Hook, get_hook
+from ..errors import RegistrationError
 from ._backend import Backend
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
@@ -32,12 +34,31 @@ def register_builtin() -> None:
         _backends.append(backend)
 
 
+def register(backend: type[Backend]) -> Hook | None:
+    """Register a backend of your own (``safeloader.register_backend``): a ``safeloader.Backend``
+    subclass, whose fork hook is registered as its callbacks say and whose ``prepare_start`` and
+    ``status`` run as the built-ins' do. Registering a backend of the same name replaces it.
+    Returns its hook (None for a backend that only prepares starts)."""
+    if not (isinstance(backend, type) and issubclass(backend, Backend)):
+        raise RegistrationError(f"backend must be a subclass of safeloader.Backend, got {backend!r}")
+    for attribute in ("name", "description"):
+        value = getattr(backend, attribute, None)
+        if not isinstance(value, str) or not value:
+            raise RegistrationError(f"{backend.__name__}.{attribute} must be a non-empty str, got {value!r}")
+    hook = backend.register()
+    _backends[:] = [*(known for known in _backends if known.name != backend.name), backend]
+    return hook
+
+
 def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    """Let each built-in backend act before ``loader`` starts workers with ``start_method``."""
+    """Let each backend act before ``loader`` starts workers with ``start_method`` (but one whose
+    hook was unregistered: ``safeloader.unregister`` removes a backend)."""
     for backend in _backends:
+        if backend.has_hook() and get_hook(backend.name) is None:
+            continue
         backend.prepare_start(loader, options, start_method)
 
 
 def status(name: str) -> str:
-    """The built-in backend ``name``'s own word on how it stands ('' if none, or no such backend)."""
+    """The backend ``name``'s own word on how it stands ('' if none, or no such backend)."""
     return next((backend.status() for backend in _backends if backend.name == name), "")

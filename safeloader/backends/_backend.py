@@ -1,10 +1,10 @@
-"""The shape every built-in backend declares: one small class per native library.
+"""The shape every backend declares: one small class per native library.
 
 A backend module defines one ``Backend`` subclass saying what it handles
 (``name``, ``description``), when it runs (``requires``, ``first``, ``runs_after``), what
 it does in each fork phase, what it checks or prepares before a loader starts
 its workers, and how it stands (for ``doctor``). ``backends.register_builtin``
-registers them all; nothing else needs to know a backend exists.
+registers the built-ins; ``safeloader.register_backend`` registers yours.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ Callback = Callable[[], object]
 
 
 class Backend:
+    """A native library's handling around DataLoader worker forks. Subclass it, set ``name`` and
+    ``description`` and the callbacks you need, then ``safeloader.register_backend(YourBackend)``."""
+
     name: ClassVar[str]
     """The fork hook's name (``disable_hooks=``, ``safeloader.disable``); a constant of ``names``."""
     description: ClassVar[str]
@@ -46,9 +49,14 @@ class Backend:
         return ""
 
     @classmethod
+    def has_hook(cls) -> bool:
+        """Whether it has a fork callback (a backend may only prepare starts)."""
+        return cls.before is not None or cls.after_in_parent is not None or cls.after_in_child is not None
+
+    @classmethod
     def register(cls) -> _registry.Hook | None:
         """Register its fork hook; None for a backend that only prepares starts."""
-        if cls.before is None and cls.after_in_parent is None and cls.after_in_child is None:
+        if not cls.has_hook():
             return None
         return _registry.register_at_fork(
             before=cls.before,
