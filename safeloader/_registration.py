@@ -95,6 +95,18 @@ def _check_callback(phase: str, callback: object) -> None:
         pass
 
 
+def _names(keyword: str, value: object, what: str) -> tuple[str, ...]:
+    """``value`` (one name, or an iterable of them) as a tuple of non-empty names; else RegistrationError."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable):
+        raise RegistrationError(f"{keyword} must be a {what[:-1]} or an iterable of {what}, got {value!r}")
+    names = tuple(value)
+    if not all(isinstance(name, str) and name for name in names):
+        raise RegistrationError(f"{keyword} must be {what} (non-empty str), got {names!r}")
+    return names
+
+
 def _default_name(callbacks: Iterable[Callback | None]) -> str:
     first = next(cb for cb in callbacks if cb is not None)
     return f"{getattr(first, '__module__', '?')}.{getattr(first, '__qualname__', repr(first))}"
@@ -152,13 +164,7 @@ def register_at_fork(
             raise RegistrationError(f"{keyword} must be a bool, got {flag!r}")
     if first and last:
         raise RegistrationError("a hook can be first or last, not both")
-    if isinstance(runs_after, str):
-        runs_after = (runs_after,)
-    if not isinstance(runs_after, Iterable):
-        raise RegistrationError(f"runs_after must be hook names, got {runs_after!r}")
-    runs_after = tuple(runs_after)
-    if not all(isinstance(other, str) and other for other in runs_after):
-        raise RegistrationError(f"runs_after must be hook names (non-empty str), got {runs_after!r}")
+    runs_after = _names("runs_after", runs_after, "hook names")
     if name in runs_after:
         raise RegistrationError(f"hook {name!r} cannot run after itself")
     if not isinstance(every_fork, bool):
@@ -167,13 +173,7 @@ def register_at_fork(
         raise RegistrationError(f"replace must be a bool, got {replace!r}")
     if not isinstance(description, str):
         raise RegistrationError(f"description must be a str, got {description!r}")
-    if isinstance(requires, str):
-        requires = (requires,)
-    if not isinstance(requires, Iterable):
-        raise RegistrationError(f"requires must be a module name or an iterable of module names, got {requires!r}")
-    requires = tuple(requires)
-    if not all(isinstance(module, str) and module for module in requires):
-        raise RegistrationError(f"requires must be module names (non-empty str), got {requires!r}")
+    requires = _names("requires", requires, "module names")
     with _lock:
         if name in _hooks and not replace:
             raise RegistrationError(

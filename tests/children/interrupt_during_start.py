@@ -11,10 +11,10 @@ again, and the next epoch's batches.
 import json
 import signal
 import sys
-import time
 
-import psutil
 import torch
+
+from tests.children.workers_left import workers_left
 
 LOADER, MODE = sys.argv[1], sys.argv[2]
 if LOADER == "torch":
@@ -55,26 +55,13 @@ except KeyboardInterrupt:
 count = len(yielded)
 
 
-def alive_children():
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-deadline = time.monotonic() + 5
-while alive_children() and time.monotonic() < deadline:
-    time.sleep(0.05)
+left = workers_left()
 handler = signal.getsignal(signal.SIGINT)
 names = {signal.default_int_handler: "python", own_handler: "own"}
 print(json.dumps({
     "raised": raised,
     "yielded before": count,
-    "workers left": len(alive_children()),
+    "workers left": len(left),
     "handler": names.get(handler, repr(handler)),
     "next epoch": [batch.tolist() for batch in loader],
 }))

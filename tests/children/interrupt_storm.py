@@ -20,9 +20,8 @@ import random
 import signal
 import sys
 import threading
-import time
 
-import psutil
+from tests.children.workers_left import workers_left
 
 LOADER, STARTS, KIND = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if LOADER == "torch":
@@ -77,19 +76,5 @@ for start in range(STARTS):
     gc.collect()
 
 
-def alive_children():
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-deadline = time.monotonic() + 5  # a worker told to stop (or SIGTERMed by torch) takes a moment to go
-while alive_children() and time.monotonic() < deadline:
-    time.sleep(0.05)
-left = alive_children()
+left = workers_left()
 print("done", STARTS, "interrupted", interrupted, "workers-left", len(left), flush=True)
