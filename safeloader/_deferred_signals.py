@@ -5,17 +5,23 @@ torch's code, in multiprocessing's, in ``threading``'s own bookkeeping, leaving 
 that the next start waits on forever. So each Python handler is wrapped for the start: it
 runs when the signal comes, as always, but what it raises is kept and raised once the start
 is over, undone (workers stopped) first. A second signal while one waits raises at once:
-pressing Ctrl-C twice always gets out. Handlers set meanwhile, and handlers installed in C
-(faulthandler), are left as they are.
+pressing Ctrl-C twice always gets out; so does the first one, ``GRACE_SECONDS`` later, in a
+start that does not end (a one-shot timeout must still get through a hang). Handlers set
+meanwhile, and handlers installed in C (faulthandler), are left as they are.
 """
 
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+GRACE_SECONDS = 2.0
+"""How long a signal handler's exception waits for the start's end before it is raised anyway."""
 
 
 class DeferredSignals:
@@ -26,11 +32,13 @@ class DeferredSignals:
         """The first exception a handler raised meanwhile, to raise once the start is undone."""
         self._wrapped: dict[int, tuple[Any, Callable[[int, FrameType | None], Any]]] = {}
         self._active = False
+        self._main = 0  # the main thread's ident, where the signal is sent again after the grace
 
     def __enter__(self) -> DeferredSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # Python runs signal handlers on the main thread only
         self._active = True
+        self._main = threading.main_thread().ident or 0
         for signum in range(1, signal.NSIG):  # not valid_signals(): enum conversions, far slower
             try:
                 handler = signal.getsignal(signum)
@@ -49,12 +57,22 @@ class DeferredSignals:
         self.restore()
 
     def restore(self) -> None:
-        """Give each handler back, unless something replaced the wrapper meanwhile; idempotent."""
+        """Give each handler back, unless something replaced the wrapper meanwhile; idempotent.
+        A signal landing here (the grace's own) is dropped when one is pending already."""
         self._active = False
-        while self._wrapped:
-            signum, (handler, wrapper) = self._wrapped.popitem()
-            if signal.getsignal(signum) is wrapper:
-                signal.signal(signum, handler)
+        late = None
+        for _attempt in range(5):
+            try:
+                while self._wrapped:
+                    signum, (handler, wrapper) = next(iter(self._wrapped.items()))
+                    if signal.getsignal(signum) is wrapper:
+                        signal.signal(signum, handler)
+                    del self._wrapped[signum]
+                break
+            except BaseException as exc:  # an interrupt that landed while handlers were given back
+                late = late or exc
+        if late is not None and self.pending is None:
+            raise late
 
     def _wrap(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
         def deferring(signum: int, frame: FrameType | None) -> Any:
@@ -64,7 +82,17 @@ class DeferredSignals:
                 return handler(signum, frame)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit, a user's Timeout...
                 self.pending = exc
+                # A raw thread: threading's own may be mid-update on this very thread (a handler runs
+                # between any two bytecodes), and Thread.start would wait on its lock forever.
+                _thread.start_new_thread(self._send_again_after_grace, (signum,))
                 return None
 
         deferring.original = handler  # type: ignore[attr-defined]
         return deferring
+
+    def _send_again_after_grace(self, signum: int) -> None:
+        """In its own thread: a start still running after the grace gets the signal again, which
+        the wrapper then raises at once (the start did not end: it may never)."""
+        time.sleep(GRACE_SECONDS)
+        if self._active:  # checked and sent without letting the GIL go: restore() cannot come between
+            signal.pthread_kill(self._main, signum)
