@@ -76,7 +76,11 @@ def interrupt_during_start(loader: str, mode: str) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-EPOCH = [[0, 1], [2, 3], [4, 5], [6, 7]]
+def raised_cleanly(yielded: int, handler: str = "python") -> dict:
+    """What interrupt_during_start reports when the KeyboardInterrupt reached the caller in time, no
+    worker is left, SIGINT's handler is ``handler`` again and the next epoch reads every batch."""
+    return {"raised": True, "yielded before": yielded, "workers left": 0, "within 10 s": True, "handler": handler,
+            "next epoch": [[0, 1], [2, 3], [4, 5], [6, 7]]}
 
 
 def test_ctrl_c_during_a_start_is_raised_once_the_start_is_undone_not_inside_torchs_code():
@@ -85,33 +89,21 @@ def test_ctrl_c_during_a_start_is_raised_once_the_start_is_undone_not_inside_tor
     assert torch_run["raised"] and torch_run["yielded before"] == 0
     # safeloader: the start runs to its end (the workers got their first indices), is undone,
     # then the KeyboardInterrupt reaches the caller; no worker is left and the handler is Python's.
-    assert interrupt_during_start("safeloader", "once") == {
-        "raised": True, "yielded before": 8, "workers left": 0, "within 10 s": True, "handler": "python",
-        "next epoch": EPOCH,
-    }
+    assert interrupt_during_start("safeloader", "once") == raised_cleanly(8)
 
 
 def test_a_second_ctrl_c_during_a_start_raises_at_once():
-    assert interrupt_during_start("safeloader", "twice") == {
-        "raised": True, "yielded before": 0, "workers left": 0, "within 10 s": True, "handler": "python",
-        "next epoch": EPOCH,
-    }
+    assert interrupt_during_start("safeloader", "twice") == raised_cleanly(0)
 
 
 def test_a_handler_the_user_installs_during_a_start_is_theirs_afterwards():
-    assert interrupt_during_start("safeloader", "replace") == {
-        "raised": True, "yielded before": 0, "workers left": 0, "within 10 s": True, "handler": "own",
-        "next epoch": EPOCH,
-    }
+    assert interrupt_during_start("safeloader", "replace") == raised_cleanly(0, "own")
 
 
 def test_in_a_start_that_does_not_end_the_interrupt_is_raised_after_the_grace():
     # The sampler blocks for 60 s after the Ctrl-C: a one-shot interrupt (a timeout) must still get
     # through a start that hangs, GRACE_SECONDS (2 s) later, not when the start ends.
-    assert interrupt_during_start("safeloader", "hang") == {
-        "raised": True, "yielded before": 0, "workers left": 0, "within 10 s": True, "handler": "python",
-        "next epoch": EPOCH,
-    }
+    assert interrupt_during_start("safeloader", "hang") == raised_cleanly(0)
 
 
 # The storm (tests/children/interrupt_storm.py): interrupts at random moments of many starts.
