@@ -186,9 +186,8 @@ def in_child(mode):
     pool = mode == "pool"
     spare = backend.spare_copy()
     plan = backend.Plan(mode, 1, spare, backend.current_bindings()) if pool else backend.Plan(mode, 1, None)
-    backend._local.plan = plan
     start = time.perf_counter()
-    backend._after_in_child()  # what the hook does at worker start
+    backend.BACKEND.after_in_child(plan)  # what the hook does at worker start
     setup = time.perf_counter() - start
     start = time.perf_counter()
     for array in opened:  # what each inherited pipeline costs on its first use

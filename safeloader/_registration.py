@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._options import Options
 from .errors import RegistrationError
@@ -29,9 +29,9 @@ class Hook:
     """A registered set of fork callbacks. Returned by ``register_at_fork``."""
 
     name: str
-    before: Callback | None = None
-    after_in_parent: Callback | None = None
-    after_in_child: Callback | None = None
+    before: Callable[..., object] | None = None
+    after_in_parent: Callable[..., object] | None = None
+    after_in_child: Callable[..., object] | None = None
     first: bool = False
     """Innermost around the fork: its ``before`` runs after every other hook's, its ``after_*`` first."""
     last: bool = False
@@ -44,6 +44,9 @@ class Hook:
     """Module names that must be imported (in ``sys.modules``) for the hook to run."""
     description: str = ""
     """What it does, in one line (``python -m safeloader doctor`` lists it)."""
+    planned: bool = False
+    """A backend's hook (``register_planned``): what ``before`` returns, the fork's plan, is passed
+    to its ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised)."""
     _seq: int = field(default=0, repr=False)
 
     @property
@@ -79,17 +82,18 @@ _disabled: set[str] = set()
 _next_seq = 0
 
 
-def _check_callback(phase: str, callback: object) -> None:
+def _check_callback(phase: str, callback: object, planned: bool = False) -> None:
     if callback is None:
         return
     if not callable(callback):
         raise RegistrationError(f"{phase} must be callable or None, got {callback!r}")
+    takes_plan = planned and phase != "before"
     try:
-        inspect.signature(callback).bind()
+        inspect.signature(callback).bind(*((None,) if takes_plan else ()))
     except TypeError:
+        expected = "one argument, the fork's plan" if takes_plan else "no arguments (as for os.register_at_fork)"
         raise RegistrationError(
-            f"{phase} must be callable with no arguments (as for os.register_at_fork), "
-            f"got {callback!r} with signature {inspect.signature(callback)}"
+            f"{phase} must be callable with {expected}, got {callback!r} with signature {inspect.signature(callback)}"
         ) from None
     except ValueError:  # builtins without a signature: accept
         pass
@@ -107,7 +111,7 @@ def _names(keyword: str, value: object, what: str) -> tuple[str, ...]:
     return names
 
 
-def _default_name(callbacks: Iterable[Callback | None]) -> str:
+def _default_name(callbacks: Iterable[Callable[..., object] | None]) -> str:
     first = next(cb for cb in callbacks if cb is not None)
     return f"{getattr(first, '__module__', '?')}.{getattr(first, '__qualname__', repr(first))}"
 
@@ -149,10 +153,51 @@ def register_at_fork(
     the hook to run (a backend for a library the program never imported
     costs nothing). ``description`` says in a line what the hook does, for ``doctor``.
     """
+    return _register(
+        before, after_in_parent, after_in_child, name, first, last, runs_after, every_fork, requires, replace,
+        description, planned=False,
+    )
+
+
+def register_planned(
+    *,
+    before: Callable[[], object] | None,
+    after_in_parent: Callable[[Any], object] | None,
+    after_in_child: Callable[[Any], object] | None,
+    name: str,
+    first: bool = False,
+    runs_after: Iterable[str] = (),
+    requires: Iterable[str] = (),
+    description: str = "",
+) -> Hook:
+    """Register a backend's hook (``safeloader.Backend.register``), replacing one of the same name:
+    as ``register_at_fork``, except that what ``before`` returns in the parent, the fork's plan, is
+    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised)."""
+    return _register(
+        before, after_in_parent, after_in_child, name, first, False, runs_after, False, requires, True,
+        description, planned=True,
+    )
+
+
+def _register(
+    before: Callable[..., object] | None,
+    after_in_parent: Callable[..., object] | None,
+    after_in_child: Callable[..., object] | None,
+    name: str | None,
+    first: bool,
+    last: bool,
+    runs_after: Iterable[str],
+    every_fork: bool,
+    requires: Iterable[str],
+    replace: bool,
+    description: str,
+    *,
+    planned: bool,
+) -> Hook:
     global _next_seq
     callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
     for phase, callback in callbacks.items():
-        _check_callback(phase, callback)
+        _check_callback(phase, callback, planned)
     if all(cb is None for cb in callbacks.values()):
         raise RegistrationError("register_at_fork needs at least one of before, after_in_parent, after_in_child")
     if name is None:
@@ -183,7 +228,7 @@ def register_at_fork(
         _next_seq += 1
         hook = Hook(
             name, before, after_in_parent, after_in_child, first, last, runs_after, every_fork, requires,
-            description, _next_seq,
+            description, planned, _next_seq,
         )
         ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
         _hooks[name] = hook

@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from . import _import_locks, _loader_lock, _registration, _torch_internals
 from ._options import Options, get_options
@@ -30,6 +30,8 @@ from ._registration import (  # the public registration API, also reachable here
     unregister,
 )
 from .errors import HookError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,8 @@ _child_resets: list[Callback] = []  # reset_in_child
 
 __all__ = [
     "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names", "disable", "disarm",
-    "enable", "fork_context", "get_hook", "hook_runs", "hooks", "installed", "is_interrupt", "register_at_fork",
-    "reset_in_child", "set_installed", "unregister",
+    "enable", "fork_context", "fork_memo", "get_hook", "hook_runs", "hooks", "installed", "is_interrupt", "plan_of",
+    "register_at_fork", "reset_in_child", "set_installed", "unregister",
 ]
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
@@ -88,6 +90,9 @@ _parent_failed_fork = False  # in a child: the parent's `before` failed for this
 
 
 _NO_FORK = object()  # _local.pending outside the hooks of a fork
+# _local.plans outside a fork's hooks (never written: each fork's `before` starts a dict of its
+# own). Assigning a constant, not a new dict, writes no page the workers share between forks.
+_NO_PLANS: dict[str, Any] = {}
 
 
 def fork_context() -> ForkContext | None:
@@ -96,6 +101,25 @@ def fork_context() -> ForkContext | None:
     do not start a DataLoader worker (also inside a worker)."""
     pending = getattr(_local, "pending", _NO_FORK)
     return _worker_context if pending is _NO_FORK else cast("ForkContext | None", pending)
+
+
+def plan_of(name: str) -> Any:
+    """In a fork's hooks on the forking thread (parent), or in the worker's: the plan that the
+    backend ``name``'s ``before`` returned for this fork; None if it has none (did not run)."""
+    return getattr(_local, "plans", _NO_PLANS).get(name)
+
+
+def fork_memo(key: str, make: Callable[[], T]) -> T:
+    """A fact about the fork whose hooks are running, made once by the first hook to ask and seen by
+    every hook of that fork, in the parent and in the worker (a value the parent makes before the fork
+    is inherited). Outside a fork's hooks, ``make()`` every time."""
+    plans = getattr(_local, "plans", _NO_PLANS)
+    if plans is _NO_PLANS:
+        return make()
+    memo_key = f"memo:{key}"  # beside the hooks' plans, under names no hook has
+    if memo_key not in plans:
+        plans[memo_key] = make()
+    return cast(T, plans[memo_key])
 
 
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
@@ -168,11 +192,14 @@ def _context_for_this_fork() -> ForkContext | None:
 # -- dispatch ------------------------------------------------------------------
 
 
-def _run_phase(phase: str, context: ForkContext | None, interrupts: list[BaseException]) -> list[HookError]:
+def _run_phase(
+    phase: str, context: ForkContext | None, interrupts: list[BaseException], plans: dict[str, Any]
+) -> list[HookError]:
     """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
     (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
     ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
-    runs again (it rolls back its ``before``: it must complete)."""
+    runs again (it rolls back its ``before``: it must complete). A backend's ``before`` returns
+    its plan into ``plans``; its ``after_*`` receive it from there."""
     errors = []
     for hook in _registration.by_phase(phase):
         callback = getattr(hook, phase)
@@ -180,7 +207,12 @@ def _run_phase(phase: str, context: ForkContext | None, interrupts: list[BaseExc
             continue
         for _attempt in range(3 if phase == "after_in_parent" else 1):
             try:
-                callback()
+                if not hook.planned:
+                    callback()
+                elif phase == "before":
+                    plans[hook.name] = callback()
+                else:
+                    callback(plans.get(hook.name))
                 break
             except BaseException as exc:  # SystemExit/KeyboardInterrupt too: never skip later hooks
                 if is_interrupt(exc, in_worker=phase == "after_in_child"):
@@ -312,12 +344,13 @@ def _on_before() -> None:
         _loader_lock.enter_fork()  # left when the fork is closed (_close_fork); reset in the child
         context = _context_for_this_fork()
         _local.pending = context
+        _local.plans = {}
         if context is not None:
             # Before the hooks, so that none holds anything while this waits (the pin-memory
             # gate, the frozen gc, the watchdog's clock for this worker)...
             _import_locks.wait_for_imports_in_other_threads()
         interrupts: list[BaseException] = []
-        errors = _run_phase("before", context, interrupts)
+        errors = _run_phase("before", context, interrupts, _local.plans)
         if context is not None:
             _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
@@ -358,7 +391,7 @@ def _close_fork(arming: Arming | None) -> None:
     interrupts: list[BaseException] = []
     try:
         if getattr(_local, "fork_open", False):
-            errors = _run_phase("after_in_parent", context, interrupts)
+            errors = _run_phase("after_in_parent", context, interrupts, getattr(_local, "plans", _NO_PLANS))
             _local.fork_open = False
             if context is not None and context._carrier and arming is not None:
                 arming.errors.extend(errors)
@@ -366,6 +399,7 @@ def _close_fork(arming: Arming | None) -> None:
                 interrupts.append(errors[0])  # raised below, for os.register_at_fork to print
     finally:
         _local.pending = _NO_FORK
+        _local.plans = _NO_PLANS
         _local.parent_failed = False
         if getattr(_local, "fork_entered", False):
             _loader_lock.leave_fork()  # then unmarked: cut short between the two, a second leave is harmless
@@ -391,6 +425,7 @@ def _on_after_in_child() -> None:
         reset()
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
+    plans = getattr(_local, "plans", _NO_PLANS)  # kept while the worker's hooks run (plan_of)
     _local.pending = _NO_FORK
     _local.arming = None  # the child is not starting workers
     _local.fork_open = _local.fork_entered = False  # the parent closes its fork; _loader_lock is new
@@ -400,9 +435,13 @@ def _on_after_in_child() -> None:
     if context is not None:
         _import_locks.forget_imports_of_other_threads()  # before anything here imports
     if _parent_failed_fork:
+        _local.plans = _NO_PLANS
         return  # the parent raises and shuts this worker down; run nothing here
     interrupts: list[BaseException] = []
-    errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts))
+    try:
+        errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts, plans))
+    finally:
+        _local.plans = _NO_PLANS
     if not errors and not interrupts:
         return
     if context is not None and context._carrier:

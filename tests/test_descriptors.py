@@ -15,36 +15,37 @@ from .subproc import check_python
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_a_forked_child_reads_the_table_its_parent_listed_and_lists_its_own_otherwise() -> None:
+def test_a_worker_reads_the_table_its_parent_listed_and_lists_its_own_otherwise() -> None:
     code = """
 import os
+import safeloader
 from safeloader.backends import _descriptors
 
 scans = []
 real_scan = _descriptors.scan
 _descriptors.scan = lambda: (scans.append(os.getpid()), real_scan())[1]
 
-def child_scans(record):
-    if record:
-        _descriptors.record_at_fork()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        table = _descriptors.inherited()
-        again = _descriptors.inherited()  # the same list for every hook of this fork
-        own = [p for p in scans if p == os.getpid()]
-        os.write(write, f"{len(own)} {again is table} {len(table) > 0}".encode())
-        os._exit(0)
-    _descriptors.forget_at_fork()
-    os.waitpid(pid, 0)
-    return os.read(read, 100).decode()
+def probe():  # a worker hook that reads the table twice, as "sockets" and "files" do
+    table = _descriptors.at_fork()
+    again = _descriptors.at_fork()
+    own = [pid for pid in scans if pid == os.getpid()]
+    probe.seen = f"{len(own)} {again is table} {len(table) > 0}"
 
-print(child_scans(record=True))
-print(child_scans(record=False))
+safeloader.register_at_fork(after_in_child=probe, name="test.probe", last=True)
+
+def worker_scans(disable):
+    loader = safeloader.DataLoader([0], batch_size=None, num_workers=1, disable_hooks=disable,
+                                   worker_init_fn=lambda _: None, collate_fn=lambda _: probe.seen)
+    (seen,) = list(loader)
+    return f"{seen} parent listed {len([pid for pid in scans if pid == os.getpid()])}"
+
+print(worker_scans(()))
+scans.clear()
+print(worker_scans(("files", "sockets")))
 """
     recorded, unrecorded = check_python(code, timeout=60).stdout.split("\n")[:2]
-    assert recorded == "0 True True"  # the parent's list: the child listed nothing
-    assert unrecorded == "1 True True"  # no list from the parent: the child listed once
+    assert recorded == "0 True True parent listed 1"  # the parent's list, once: the worker listed nothing
+    assert unrecorded == "1 True True parent listed 0"  # no list from the parent: the worker listed once
 
 
 def test_a_file_swapped_under_the_same_descriptor_after_the_listing_is_read_as_the_new_file() -> None:

@@ -146,11 +146,11 @@ def test_pin_memory_gate_lets_forks_wait_for_pinning_and_passes_nested_batches()
     from safeloader.backends import pin_memory as gate
 
     list(DataLoader(range(4), num_workers=1))  # the first armed start installs the gate
-    assert gate.gated() and pin_module.pin_memory is not gate._original
+    assert gate.gated() and pin_module.pin_memory is not gate.BACKEND.original
 
     nested = {"a": [Pinnable(), Pinnable()], "b": (Pinnable(),)}
     assert pin_module.pin_memory(nested) == nested  # torch recurses through the gate: no self-wait
-    assert all(item.pinned.is_set() for item in [*nested["a"], *nested["b"]]) and gate._gate.inside == 0
+    assert all(item.pinned.is_set() for item in [*nested["a"], *nested["b"]]) and gate.BACKEND.gate.inside == 0
 
     go = threading.Event()
     in_progress = Pinnable(go)
@@ -158,16 +158,16 @@ def test_pin_memory_gate_lets_forks_wait_for_pinning_and_passes_nested_batches()
     pinning.start()
     assert in_progress.entered.wait(30)
     threading.Timer(0.2, go.set).start()
-    assert gate._gate.close(timeout=30)  # what `before` does: wait for the call in progress
+    assert gate.BACKEND.gate.close(timeout=30)  # what `before` does: wait for the call in progress
     assert in_progress.pinned.is_set()
     late = Pinnable()
     waiting = threading.Thread(target=pin_module.pin_memory, args=(late,))
     waiting.start()
     assert not late.entered.wait(0.3)  # held at the gate while "forking"
-    gate._gate.open()  # what `after_in_parent` does
+    gate.BACKEND.gate.open()  # what `after_in_parent` does
     assert late.pinned.wait(30)
     pinning.join(30), waiting.join(30)
-    assert gate._gate.inside == 0
+    assert gate.BACKEND.gate.inside == 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -199,7 +199,7 @@ def test_files_hook_can_be_disabled_per_loader(tmp_path):
 
 def test_file_reduction_applies_only_while_a_safeloader_loader_starts(tmp_path):
     binary, _, _ = write_records(tmp_path)
-    files_backend.prepare_start(None, safeloader.get_options(), "spawn")
+    files_backend.BACKEND.prepare_start(None, safeloader.get_options(), "spawn")
     from multiprocessing.reduction import ForkingPickler
 
     with open(binary, "rb") as f:

@@ -137,7 +137,7 @@ def test_writable_file_and_spawn_pickling_errors_say_what_to_do(tmp_path):
 def test_h5py_objects_pickle_as_before_outside_a_safeloader_start(tmp_path):
     path = tmp_path / "data.h5"
     write_h5(path)
-    h5py_backend.prepare_start(None, get_options(), "spawn")
+    h5py_backend.BACKEND.prepare_start(None, get_options(), "spawn")
     from multiprocessing.reduction import ForkingPickler
 
     with h5py.File(path, "r") as f, pytest.raises(TypeError, match="h5py objects cannot be pickled"):

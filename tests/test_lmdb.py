@@ -62,6 +62,6 @@ def test_environment_is_reopened_in_spawn_workers_and_writable_ones_are_refused(
     with pytest.raises(TypeError, match="writable LMDB environment"):
         from safeloader.backends import lmdb as lmdb_backend
 
-        lmdb_backend.prepare_start(None, get_options(), "spawn")
+        lmdb_backend.BACKEND.prepare_start(None, get_options(), "spawn")
         lmdb_backend.reduce_environment(writable.env)
     writable.env.close()

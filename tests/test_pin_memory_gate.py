@@ -51,7 +51,7 @@ def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
     import safeloader
     from safeloader.backends import pin_memory as gate
 
-    gate.prepare_start(None, safeloader.get_options(), "fork")  # what an armed loader's start does
+    gate.BACKEND.prepare_start(None, safeloader.get_options(), "fork")  # what an armed loader's start does
     assert gate.gated()
 
     # Two threads each run the hook's `before` (the fork is under way), then its
@@ -61,10 +61,10 @@ def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
 
     def forking_thread(before_step: int, after_step: int) -> None:
         assert steps[before_step].wait(30)
-        gate._before()
+        gate.BACKEND.before()
         done[before_step].set()
         assert steps[after_step].wait(30)
-        gate._after_in_parent()
+        gate.BACKEND.after_in_parent(None)
         done[after_step].set()
 
     a = threading.Thread(target=forking_thread, args=(0, 2))
@@ -87,7 +87,7 @@ def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
         for step in steps:
             step.set()
         a.join(30), b.join(30)
-    assert gate._gate.inside == 0
+    assert gate.BACKEND.gate.inside == 0
     pin_module.pin_memory(Pinnable())  # open for everyone
 
 
@@ -97,22 +97,22 @@ def test_after_in_parent_without_a_close_leaves_other_threads_closure_alone():
     import safeloader
     from safeloader.backends import pin_memory as gate
 
-    gate.prepare_start(None, safeloader.get_options(), "fork")
+    gate.BACKEND.prepare_start(None, safeloader.get_options(), "fork")
     closed = threading.Event()
     release = threading.Event()
 
     def forking_thread() -> None:
-        gate._before()
+        gate.BACKEND.before()
         closed.set()
         assert release.wait(30)
-        gate._after_in_parent()
+        gate.BACKEND.after_in_parent(None)
 
     forker = threading.Thread(target=forking_thread)
     forker.start()
     try:
         assert closed.wait(30)
         # A thread whose `before` found no gate (removed meanwhile) still runs `after_in_parent`.
-        opener = threading.Thread(target=gate._after_in_parent)
+        opener = threading.Thread(target=gate.BACKEND.after_in_parent, args=(None,))
         opener.start(), opener.join(30)
         late = Pinnable()
         pinning = threading.Thread(target=pin_module.pin_memory, args=(late,), daemon=True)

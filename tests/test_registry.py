@@ -154,7 +154,7 @@ def test_a_backend_lock_another_thread_held_at_a_plain_fork_is_new_in_the_child(
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with backend._setup_lock:
+            with backend.BACKEND.setup_lock:
                 held.set()
                 release.wait()
 
@@ -183,12 +183,14 @@ def test_a_third_party_backend_registers_like_a_builtin_and_unregisters_whole(tm
         description = "reopens the library's handle in each worker"
         runs_after = ("files",)
 
-        def after_in_child() -> None:  # as for os.register_at_fork: no arguments
-            with open(marker, "a") as f:
-                f.write(f"{safeloader.fork_context().worker_id}\n")
+        def before(self):  # in the parent: the worker's plan
+            return f"planned for {safeloader.fork_context().worker_id}"
 
-        @staticmethod
-        def prepare_start(loader, options, start_method) -> None:
+        def after_in_child(self, plan) -> None:  # in the worker: the plan its parent made
+            with open(marker, "a") as f:
+                f.write(f"{safeloader.fork_context().worker_id}:{plan.replace(' ', '_')}\n")
+
+        def prepare_start(self, loader, options, start_method) -> None:
             prepared.append(start_method)
 
     hook = safeloader.register_backend(Reopener)
@@ -197,19 +199,34 @@ def test_a_third_party_backend_registers_like_a_builtin_and_unregisters_whole(tm
     assert names.index("files") < names.index("t.reopener")
     batches = [batch.tolist() for batch in safeloader.DataLoader(list(range(4)), batch_size=2, num_workers=2)]
     assert batches == [[0, 1], [2, 3]]
-    assert sorted(marker.read_text().split()) == ["0", "1"] and prepared == ["fork"]
+    assert sorted(marker.read_text().split()) == ["0:planned_for_0", "1:planned_for_1"] and prepared == ["fork"]
     safeloader.unregister(hook)  # the whole backend: its prepare_start no longer runs
     list(safeloader.DataLoader(list(range(4)), batch_size=2, num_workers=2))
     assert prepared == ["fork"]
 
 
 @pytest.mark.parametrize("backend, message", [
-    (object, r"must be a subclass of safeloader\.Backend"),
-    (type("NoName", (), {}), r"must be a subclass of safeloader\.Backend"),
+    (object, r"must be a safeloader\.Backend subclass or instance, got <class 'object'>"),
+    (type("NoName", (), {}), r"must be a safeloader\.Backend subclass or instance"),
 ])
 def test_a_backend_that_is_not_one_is_refused(backend, message):
     with pytest.raises(RegistrationError, match=message):
         safeloader.register_backend(backend)
+
+
+def test_a_backend_phase_that_takes_no_plan_is_refused_at_registration():
+    from safeloader import Backend
+
+    class Planless(Backend):
+        name = "t.planless"
+        description = "its after_in_child forgets the plan argument"
+
+        def after_in_child(self) -> None:
+            pass
+
+    with pytest.raises(RegistrationError, match=r"after_in_child must be callable with one argument, the fork's plan"):
+        safeloader.register_backend(Planless)
+    assert "t.planless" not in [hook.name for hook in safeloader.hooks()]
 
 
 def test_a_backend_without_a_name_is_refused():

@@ -134,4 +134,4 @@ def test_sockets_hook_can_be_disabled_per_loader():
 
 def test_is_severed_is_false_outside_workers():
     with socket.socket() as s:
-        assert not sockets_backend.is_severed(s)
+        assert not sockets_backend.BACKEND.severed(s)

@@ -22,7 +22,7 @@ BUILTIN: tuple[str, ...] = (
     "threadpools", "executors", "torch_state", "gc_freeze", "pin_memory",
 )
 
-_backends: list[type[Backend]] = []
+_backends: list[Backend] = []
 
 
 def register_builtin() -> None:
@@ -34,20 +34,27 @@ def register_builtin() -> None:
         _backends.append(backend)
 
 
-def register(backend: type[Backend]) -> Hook | None:
+def register(backend: type[Backend] | Backend) -> Hook | None:
     """Register a backend of your own (``safeloader.register_backend``): a ``safeloader.Backend``
-    subclass, whose fork hook is registered as its callbacks say and whose ``prepare_start`` and
-    ``status`` run as the built-ins' do. Registering a backend of the same name replaces it.
-    Returns its hook (None for a backend that only prepares starts)."""
-    if not (isinstance(backend, type) and issubclass(backend, Backend)):
-        raise RegistrationError(f"backend must be a subclass of safeloader.Backend, got {backend!r}")
+    subclass (made with no arguments) or instance, whose fork hook is registered as its phases say
+    and whose ``prepare_start`` and ``status`` run as the built-ins' do. Registering a backend of
+    the same name replaces it. Returns its hook (None for a backend that only prepares starts)."""
+    if isinstance(backend, type) and issubclass(backend, Backend):
+        backend = backend()
+    if not isinstance(backend, Backend):
+        raise RegistrationError(f"backend must be a safeloader.Backend subclass or instance, got {backend!r}")
     for attribute in ("name", "description"):
         value = getattr(backend, attribute, None)
         if not isinstance(value, str) or not value:
-            raise RegistrationError(f"{backend.__name__}.{attribute} must be a non-empty str, got {value!r}")
+            raise RegistrationError(f"{type(backend).__name__}.{attribute} must be a non-empty str, got {value!r}")
     hook = backend.register()
     _backends[:] = [*(known for known in _backends if known.name != backend.name), backend]
     return hook
+
+
+def get(name: str) -> Backend | None:
+    """The registered backend called ``name``, or None."""
+    return next((backend for backend in _backends if backend.name == name), None)
 
 
 def prepare_start(loader: Any, options: Options, start_method: str) -> None:

@@ -1,29 +1,32 @@
-"""The shape every backend declares: one small class per native library.
+"""The shape every backend declares: one small class per native library, its state on the instance.
 
-A backend module defines one ``Backend`` subclass saying what it handles
-(``name``, ``description``), when it runs (``requires``, ``first``, ``runs_after``), what
-it does in each fork phase, what it checks or prepares before a loader starts
-its workers, and how it stands (for ``doctor``). ``backends.register_builtin``
-registers the built-ins; ``safeloader.register_backend`` registers yours.
+A backend says what it handles (``name``, ``description``), when it runs (``requires``, ``first``,
+``runs_after``), and what it does around each worker fork: ``before`` decides in the parent what
+the worker needs and returns it, the fork's plan; ``after_in_parent`` and ``after_in_child`` receive
+that plan. ``prepare_start`` checks a loader before any worker exists; ``status`` speaks for ``doctor``.
+``backends.register_builtin`` registers the built-ins; ``safeloader.register_backend`` registers yours.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
-from .. import _registry
+from .. import _registration
 from .._options import Options
 
-Callback = Callable[[], object]
+_PHASES = ("before", "after_in_parent", "after_in_child")
 
 
 class Backend:
     """A native library's handling around DataLoader worker forks. Subclass it, set ``name`` and
-    ``description`` and the callbacks you need, then ``safeloader.register_backend(YourBackend)``."""
+    ``description``, override the phases you need, then ``safeloader.register_backend(YourBackend)``.
+
+    Two threads may start workers at once: keep what one fork needs in its plan (returned by
+    ``before``), not on the instance, which holds what the process knows (caches, loaded copies).
+    """
 
     name: ClassVar[str]
-    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``); a constant of ``names``."""
+    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``); a constant of ``hook_names``."""
     description: ClassVar[str]
     """What it does for a worker, in one line (``doctor``'s hook table)."""
     requires: ClassVar[tuple[str, ...]] = ()
@@ -33,39 +36,46 @@ class Backend:
     runs_after: ClassVar[tuple[str, ...]] = ()
     """Hooks whose ``after_*`` callbacks run before this one's (its ``before`` runs before theirs)."""
 
-    # The three phases, as for os.register_at_fork; None where there is nothing to do.
-    before: ClassVar[Callback | None] = None
-    after_in_parent: ClassVar[Callback | None] = None
-    after_in_child: ClassVar[Callback | None] = None
+    def before(self) -> Any:
+        """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
+        return None
 
-    @staticmethod
-    def prepare_start(loader: Any, options: Options, start_method: str) -> None:
+    def after_in_parent(self, plan: Any) -> None:
+        """In the parent, right after the fork (also after a ``before`` that raised or was
+        interrupted: ``plan`` is then None); undo what ``before`` changed. Must be idempotent."""
+
+    def after_in_child(self, plan: Any) -> None:
+        """In the new worker, before torch's worker loop: apply ``plan`` (None: ``before`` did not run)."""
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         """In the parent, before ``loader`` starts workers with ``start_method`` ("fork", "spawn",
         "forkserver"): checks that must fail before any worker exists, pickling support for spawn."""
 
-    @staticmethod
-    def status() -> str:
+    def status(self) -> str:
         """How the backend stands in this process, in words, for ``doctor``; '' for nothing to add."""
         return ""
 
-    @classmethod
-    def has_hook(cls) -> bool:
-        """Whether it has a fork callback (a backend may only prepare starts)."""
-        return cls.before is not None or cls.after_in_parent is not None or cls.after_in_child is not None
+    def _overrides(self, phase: str) -> bool:
+        return getattr(type(self), phase) is not getattr(Backend, phase)
 
-    @classmethod
-    def register(cls) -> _registry.Hook | None:
+    def has_hook(self) -> bool:
+        """Whether it has a fork callback (a backend may only prepare starts)."""
+        return any(self._overrides(phase) for phase in _PHASES)
+
+    def register(self) -> _registration.Hook | None:
         """Register its fork hook; None for a backend that only prepares starts."""
-        if not cls.has_hook():
+        if not self.has_hook():
             return None
-        return _registry.register_at_fork(
-            before=cls.before,
-            after_in_parent=cls.after_in_parent,
-            after_in_child=cls.after_in_child,
-            name=cls.name,
-            first=cls.first,
-            runs_after=cls.runs_after,
-            requires=cls.requires,
-            description=cls.description,
-            replace=True,
+        before, after_in_parent, after_in_child = (
+            getattr(self, phase) if self._overrides(phase) else None for phase in _PHASES
+        )
+        return _registration.register_planned(
+            before=before,
+            after_in_parent=after_in_parent,
+            after_in_child=after_in_child,
+            name=self.name,
+            first=self.first,
+            runs_after=self.runs_after,
+            requires=self.requires,
+            description=self.description,
         )

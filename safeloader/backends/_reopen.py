@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -153,38 +152,25 @@ def _where(worker_id: int | None) -> str:
     return f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
 
 
-# The offsets of the parent's regular files at the moment of the fork, recorded in
-# the parent's `before` phase and inherited by the child (a thread-local: the
-# forking thread's). Read in the child instead, an offset can already have been
-# moved by the parent, which runs on while the child starts, and the child's
-# buffered readers (gzip, tarfile, zipfile) would then decode from the wrong place.
-_at_fork = threading.local()
+Offsets = dict[int, tuple[int, int, int]]
+"""fd -> (device, inode, offset) of each regular file that can seek."""
 
 
-def record_offsets() -> None:
-    """In the parent, before a worker fork: each regular file's offset, for the child."""
+def offsets_at_fork() -> Offsets:
+    """In the parent, before a worker fork: each regular file's offset, for the worker. Read in
+    the worker instead, an offset can already have been moved by the parent, which runs on while
+    the worker starts, and its buffered readers (gzip, tarfile, zipfile) would decode from the wrong place."""
     _virtual_device_ids()  # for the child's is_virtual, inherited
     # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
-    _at_fork.offsets = {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
-
-
-def forget_offsets() -> None:
-    _at_fork.offsets = None
-
-
-def record_at_fork() -> None:
-    """In the parent, before a worker fork: the offsets, and the descriptor table for the worker."""
-    _descriptors.record_at_fork()
-    record_offsets()
-
-
-def forget_at_fork() -> None:
-    _descriptors.forget_at_fork()
-    forget_offsets()
+    return _registry.fork_memo(
+        "offsets", lambda: {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
+    )
 
 
 def _offset_at_fork(entry: InheritedFd) -> int:
-    recorded = (getattr(_at_fork, "offsets", None) or {}).get(entry.fd)
+    # In a worker, the parent's record for this fork; an empty one where it made none.
+    no_record: Offsets = {}
+    recorded = _registry.fork_memo("offsets", lambda: no_record).get(entry.fd)
     if recorded is not None and recorded[:2] == (entry.dev, entry.ino):
         return recorded[2]
     return os.lseek(entry.fd, 0, os.SEEK_CUR)

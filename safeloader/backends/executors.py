@@ -18,9 +18,6 @@ NAME = hook_names.EXECUTORS
 
 __all__ = ["BACKEND", "NAME"]
 
-_noted = threading.local()  # .executors: those the forking thread found in `before`
-
-
 def _live_executors() -> list[Any]:
     thread_module = sys.modules.get("concurrent.futures.thread")
     worker = getattr(thread_module, "_worker", None)
@@ -34,30 +31,21 @@ def _live_executors() -> list[Any]:
     return list(found.values())
 
 
-def _before() -> None:
-    _noted.executors = _live_executors() if fork_context() is not None else []
-
-
-def _after_in_parent() -> None:
-    _noted.executors = []
-
-
-def _after_in_child() -> None:
-    executors, _noted.executors = getattr(_noted, "executors", []), []
-    for executor in executors:
-        executor._threads = set()
-        executor._idle_semaphore = threading.Semaphore(0)
-        executor._work_queue = queue.SimpleQueue()
-        executor._shutdown_lock = threading.Lock()
-
-
 class ExecutorsBackend(Backend):
     name = NAME
     description = "ThreadPoolExecutors held by the Dataset start their own threads in each worker"
     requires = ("concurrent.futures.thread",)
-    before = _before
-    after_in_parent = _after_in_parent
-    after_in_child = _after_in_child
+
+    def before(self) -> list[Any] | None:
+        """The executors with live threads, for the worker to make new."""
+        return _live_executors() if fork_context() is not None else None
+
+    def after_in_child(self, plan: list[Any] | None) -> None:
+        for executor in plan or ():
+            executor._threads = set()
+            executor._idle_semaphore = threading.Semaphore(0)
+            executor._work_queue = queue.SimpleQueue()
+            executor._shutdown_lock = threading.Lock()
 
 
-BACKEND = ExecutorsBackend
+BACKEND = ExecutorsBackend()

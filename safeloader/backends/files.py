@@ -27,23 +27,13 @@ def privatize_inherited_files() -> None:
     context = fork_context()
     worker = context.worker_id if context is not None else None
     done = _reopen.private_fds()
-    try:
-        # The table the "sockets" hook listed for this fork, if it ran: one listing per worker.
-        for entry in _reopen.regular_file_fds(_descriptors.inherited()):
-            if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
-                continue
-            if _reopen.holds_exclusive_lock(entry.fd):
-                continue
-            _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
-    finally:
-        _descriptors.forget()  # the last hook of this fork to read it
-
-
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    if start_method != "fork":
-        _reopen.register_reducer(io.FileIO, reduce_file)
-        _reopen.register_reducer(io.BufferedReader, reduce_file)
-        _reopen.register_reducer(io.TextIOWrapper, reduce_file)
+    # The table listed in the parent for this fork: one listing per worker.
+    for entry in _reopen.regular_file_fds(_descriptors.at_fork()):
+        if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
+            continue
+        if _reopen.holds_exclusive_lock(entry.fd):
+            continue
+        _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -89,9 +79,20 @@ class FilesBackend(Backend):
     # Before the plain backends' child hooks, which may read files through the descriptors it privatizes.
     first = True
     runs_after = (hook_names.H5PY,)
-    before = _reopen.record_at_fork
-    after_in_parent = _reopen.forget_at_fork
-    after_in_child = privatize_inherited_files
-    prepare_start = staticmethod(prepare_start)
 
-BACKEND = FilesBackend
+    def before(self) -> None:
+        # Both made in the parent for this fork's hooks, and inherited by the worker.
+        _descriptors.at_fork()
+        _reopen.offsets_at_fork()
+
+    def after_in_child(self, plan: None) -> None:
+        privatize_inherited_files()
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        if start_method != "fork":
+            _reopen.register_reducer(io.FileIO, reduce_file)
+            _reopen.register_reducer(io.BufferedReader, reduce_file)
+            _reopen.register_reducer(io.TextIOWrapper, reduce_file)
+
+
+BACKEND = FilesBackend()

@@ -14,17 +14,6 @@ from ._backend import Backend
 
 NAME = hook_names.FSSPEC
 
-# The parent's fsspec event loop, noted before each worker fork (fsspec's own
-# at-fork handler forgets it in the child, possibly before our hook runs).
-_parent_loop: Any = None
-
-
-
-def note_parent_loop() -> None:
-    global _parent_loop
-    _parent_loop = sys.modules["fsspec.asyn"].loop[0]
-
-
 def adopt_parent_filesystems() -> None:
     """In a worker: make filesystems and files from the parent rebuild themselves on first use."""
     asyn: Any = sys.modules["fsspec.asyn"]
@@ -56,7 +45,7 @@ def rebuild_in_place(fs: Any) -> None:
 
 def _wrap_sync(original: Any) -> Any:
     def sync(loop: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-        if loop is not None and loop is _parent_loop:
+        if loop is not None and loop is BACKEND.parent_loop:
             loop = _rebind_to_worker_loop(args[0] if args else None, func)
         return original(loop, func, *args, **kwargs)
 
@@ -90,7 +79,19 @@ class FsspecBackend(Backend):
     name = hook_names.FSSPEC
     description = 'async filesystems from the parent are rebuilt in each worker on first use (own loop and session)'
     requires = ("fsspec.asyn",)
-    before = note_parent_loop
-    after_in_child = adopt_parent_filesystems
 
-BACKEND = FsspecBackend
+    def __init__(self) -> None:
+        self.parent_loop: Any = None
+        """In a worker: the parent's fsspec event loop, which does not run here."""
+
+    def before(self) -> Any:
+        # Noted in the parent: fsspec's own at-fork handler forgets it in the child,
+        # possibly before this hook runs.
+        return sys.modules["fsspec.asyn"].loop[0]
+
+    def after_in_child(self, plan: Any) -> None:
+        self.parent_loop = plan
+        adopt_parent_filesystems()
+
+
+BACKEND = FsspecBackend()

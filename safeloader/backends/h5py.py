@@ -24,36 +24,22 @@ class WritableFileWarning(UserWarning):
 
 
 
-# (st_dev, st_ino) of files the parent holds writable, for the next workers.
-_writable: frozenset[tuple[int, int]] = frozenset()
-_warned: set[str] = set()
+Inodes = frozenset[tuple[int, int]]
+"""(st_dev, st_ino) of files."""
 
 
-def protect_writable_files() -> None:
-    """In a worker: make its descriptors of the parent's writable HDF5 files read-only."""
-    if not _writable or not _reopen.available():
+def protect_writable_files(writable: Inodes) -> None:
+    """In a worker: make its descriptors of the parent's ``writable`` HDF5 files read-only."""
+    if not writable or not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
     for entry in _reopen.regular_file_fds():
-        if (entry.dev, entry.ino) in _writable and not entry.read_only:
+        if (entry.dev, entry.ino) in writable and not entry.read_only:
             _reopen.privatize(entry, worker, read_only=True)
 
 
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    if "h5py" not in sys.modules:
-        return
-    import h5py
-
-    if start_method == "fork":
-        global _writable
-        _writable = frozenset(_writable_files(warn=_registry.hook_runs(NAME, options)))
-    else:
-        for cls in (h5py.File, h5py.Group, h5py.Dataset, h5py.Datatype):
-            _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
-
-
-def _writable_files(warn: bool) -> set[tuple[int, int]]:
+def _writable_files(warn: bool, warned: set[str]) -> set[tuple[int, int]]:
     """Inodes of the HDF5 files open for writing in this process (warning once for each)."""
     import h5py
     from h5py import h5f, h5fd
@@ -74,8 +60,8 @@ def _writable_files(warn: bool) -> set[tuple[int, int]]:
                 found.add((identity.st_dev, identity.st_ino))
             except (OSError, ValueError, TypeError):
                 pass  # a file object, or a file moved since: nothing we can match in workers
-            if warn and name not in _warned:
-                _warned.add(name)
+            if warn and name not in warned:
+                warned.add(name)
                 protected = (
                     "workers can read it as of the fork, but cannot write to it"
                     if identity is not None
@@ -208,7 +194,28 @@ class H5pyBackend(Backend):
     first = True
     runs_after = (hook_names.SOCKETS,)
     requires = ("h5py",)
-    after_in_child = protect_writable_files
-    prepare_start = staticmethod(prepare_start)
 
-BACKEND = H5pyBackend
+    def __init__(self) -> None:
+        self.writable: Inodes = frozenset()
+        """The files the parent held writable when a loader last started fork workers."""
+        self._warned: set[str] = set()  # paths warned about, once per process
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        if "h5py" not in sys.modules:
+            return
+        import h5py
+
+        if start_method == "fork":
+            self.writable = frozenset(_writable_files(_registry.hook_runs(NAME, options), self._warned))
+        else:
+            for cls in (h5py.File, h5py.Group, h5py.Dataset, h5py.Datatype):
+                _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
+
+    def before(self) -> Inodes:
+        return self.writable
+
+    def after_in_child(self, plan: Inodes | None) -> None:
+        protect_writable_files(plan or frozenset())
+
+
+BACKEND = H5pyBackend()

@@ -27,12 +27,12 @@ class LmdbWritableError(RuntimeError):
     """A Dataset holds an LMDB environment open for writing while forked workers start."""
 
 
-# loader -> [(holder, key, environment, path, open options)], filled in the parent before its workers fork.
-_plans: weakref.WeakKeyDictionary[Any, list[tuple[Any, Any, Any, str, dict[str, Any]]]] = weakref.WeakKeyDictionary()
+Plan = list[tuple[Any, Any, Any, str, dict[str, Any]]]
+"""[(holder, key, environment, path, open options)] of each environment a worker reopens."""
 
 
-
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
+def plan_start(loader: Any, options: Options, start_method: str, plans: weakref.WeakKeyDictionary[Any, Plan]) -> None:
+    """Before ``loader`` starts workers: refuse writable environments, plan the reopen in ``plans``."""
     if "lmdb" not in sys.modules or loader is None:
         return
     if start_method != "fork":
@@ -41,7 +41,7 @@ def prepare_start(loader: Any, options: Options, start_method: str) -> None:
         _reopen.register_reducer(lmdb.Environment, reduce_environment)
         return
     if not _registry.hook_runs(NAME, options):
-        _plans.pop(loader, None)
+        plans.pop(loader, None)
         return
     import lmdb
 
@@ -55,7 +55,7 @@ def prepare_start(loader: Any, options: Options, start_method: str) -> None:
                 "Dataset, or open it inside each worker"
             )
         plan.append((holder, key, env, env.path(), open_options(env)))
-    _plans[loader] = plan
+    plans[loader] = plan
 
 
 def open_options(env: Any) -> dict[str, Any]:
@@ -120,12 +120,8 @@ def find_environments(root: Any, env_type: type) -> list[tuple[Any, Any, Any]]:
     return found
 
 
-def reopen_environments() -> None:
+def reopen_environments(plan: Plan) -> None:
     """In a worker: open each planned environment afresh and put it where the inherited one was."""
-    context = fork_context()
-    plan = _plans.get(context.loader) if context is not None and context.loader is not None else None
-    if not plan:
-        return
     import lmdb
 
     fresh: dict[int, Any] = {}
@@ -151,7 +147,20 @@ class LmdbBackend(Backend):
     first = True
     runs_after = (hook_names.FILES,)
     requires = ("lmdb",)
-    after_in_child = reopen_environments
-    prepare_start = staticmethod(prepare_start)
 
-BACKEND = LmdbBackend
+    def __init__(self) -> None:
+        self._plans: weakref.WeakKeyDictionary[Any, Plan] = weakref.WeakKeyDictionary()  # loader -> its Plan
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        plan_start(loader, options, start_method, self._plans)
+
+    def before(self) -> Plan | None:
+        context = fork_context()
+        return self._plans.get(context.loader) if context is not None and context.loader is not None else None
+
+    def after_in_child(self, plan: Plan | None) -> None:
+        if plan:
+            reopen_environments(plan)
+
+
+BACKEND = LmdbBackend()

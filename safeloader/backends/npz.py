@@ -14,13 +14,6 @@ from . import _reopen
 from ._backend import Backend
 
 
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    if start_method != "fork" and "numpy" in sys.modules:
-        from numpy.lib.npyio import NpzFile
-
-        _reopen.register_reducer(NpzFile, reduce_npz)
-
-
 def reduce_npz(npz: Any) -> tuple[Any, ...]:
     """Pickle an open ``NpzFile`` by path, or by the file object it reads."""
     if npz.zip is None or npz.zip.fp is None:
@@ -62,7 +55,12 @@ class NpzBackend(Backend):
 
     name = "npz"
     description = "npz archives opened in the parent are reopened in spawn/forkserver workers"
-    prepare_start = staticmethod(prepare_start)
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        if start_method != "fork" and "numpy" in sys.modules:
+            from numpy.lib.npyio import NpzFile
+
+            _reopen.register_reducer(NpzFile, reduce_npz)
 
 
-BACKEND = NpzBackend
+BACKEND = NpzBackend()

@@ -105,29 +105,11 @@ class _Gate:
             self.waiting -= 1
 
 
-_gate: _Gate | None = _Gate()  # None in a fresh worker until something uses it
-_gate_lock = threading.Lock()  # makes the worker's gate; a fresh one in each worker
-_original: Callable[..., Any] | None = None
-
-
-def _current_gate() -> _Gate:
-    """This process's gate. A forked worker makes its own on first use (usually never:
-    pin-memory threads run in the main process), instead of at every fork."""
-    global _gate
-    gate = _gate
-    if gate is None:
-        with _gate_lock:
-            if _gate is None:
-                _gate = _Gate()
-            gate = _gate
-    return gate
-
-
 def _gated_pin_memory(data: Any, device: Any = None) -> Any:
-    gate = _current_gate()
+    gate = BACKEND.gate
     counted = gate.enter()
     try:
-        return _original(data, device)  # type: ignore[misc]
+        return BACKEND.original(data, device)  # type: ignore[misc]
     finally:
         gate.leave(counted)
 
@@ -138,17 +120,6 @@ def gated() -> bool:
     return module is not None and getattr(module, "pin_memory", None) is _gated_pin_memory
 
 
-def _install_gate() -> None:
-    global _original
-    pin_module: Any = importlib.import_module(PIN_MEMORY_MODULE)
-
-    current = getattr(pin_module, "pin_memory", None)
-    if current is None or current is _gated_pin_memory:
-        return  # a torch without this function: nothing to gate (status() says so)
-    _original = current
-    pin_module.pin_memory = _gated_pin_memory
-
-
 def remove_gate() -> None:
     """Give torch back its own pin_memory(); idempotent. Called by ``safeloader.uninstall()``.
 
@@ -157,42 +128,9 @@ def remove_gate() -> None:
     it would drop that wrapper too), and goes on gating.
     """
     module: Any = sys.modules.get(PIN_MEMORY_MODULE)
-    if module is not None and _original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
-        module.pin_memory = _original
-
-
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    """Install the gate before the first armed loader starts its workers (and its pin thread)."""
-    if start_method == "fork" and not gated():
-        _install_gate()
-
-
-def _before() -> None:
-    if not gated():
-        return
-    if not _current_gate().close(WAIT_SECONDS):
-        warnings.warn(
-            f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
-            "forking the DataLoader worker anyway (it may hang if that thread holds a C library lock)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-
-def _after_in_parent() -> None:
-    # Only this thread's own close: its `before` may have found no gate to close.
-    _current_gate().open()
-
-
-_parent_gate: _Gate | None = None  # in a worker: the inherited gate, kept (freeing it would copy its pages)
-
-
-def _after_in_child() -> None:
-    global _gate, _gate_lock, _parent_gate
-    # The child has none of the parent's pin threads: it starts from an open gate,
-    # made on first use. A fresh lock too: another thread may have held the parent's.
-    _gate_lock = threading.Lock()
-    _parent_gate, _gate = _gate, None
+    original = BACKEND.original
+    if module is not None and original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
+        module.pin_memory = original
 
 
 def status() -> str:
@@ -213,10 +151,62 @@ class PinMemoryBackend(Backend):
     first = True
     runs_after = (hook_names.WATCHDOG,)
     requires = ("torch",)
-    before = _before
-    after_in_parent = _after_in_parent
-    after_in_child = _after_in_child
-    prepare_start = staticmethod(prepare_start)
-    status = staticmethod(status)
 
-BACKEND = PinMemoryBackend
+    def __init__(self) -> None:
+        self._gate: _Gate | None = _Gate()  # None in a fresh worker until something uses it
+        self._gate_lock = threading.Lock()  # makes the worker's gate; a fresh one in each worker
+        self._parent_gate: _Gate | None = None  # in a worker: the inherited gate, kept (freeing it copies its pages)
+        self.original: Callable[..., Any] | None = None
+        """torch's own pin_memory(), once the gate replaced it."""
+
+    @property
+    def gate(self) -> _Gate:
+        """This process's gate. A forked worker makes its own on first use (usually never:
+        pin-memory threads run in the main process), instead of at every fork."""
+        gate = self._gate
+        if gate is None:
+            with self._gate_lock:
+                if self._gate is None:
+                    self._gate = _Gate()
+                gate = self._gate
+        return gate
+
+    def _install_gate(self) -> None:
+        pin_module: Any = importlib.import_module(PIN_MEMORY_MODULE)
+        current = getattr(pin_module, "pin_memory", None)
+        if current is None or current is _gated_pin_memory:
+            return  # a torch without this function: nothing to gate (status() says so)
+        self.original = current
+        pin_module.pin_memory = _gated_pin_memory
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        """Install the gate before the first armed loader starts its workers (and its pin thread)."""
+        if start_method == "fork" and not gated():
+            self._install_gate()
+
+    def before(self) -> None:
+        if not gated():
+            return
+        if not self.gate.close(WAIT_SECONDS):
+            warnings.warn(
+                f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
+                "forking the DataLoader worker anyway (it may hang if that thread holds a C library lock)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def after_in_parent(self, plan: None) -> None:
+        # Only this thread's own close: its `before` may have found no gate to close.
+        self.gate.open()
+
+    def after_in_child(self, plan: None) -> None:
+        # The child has none of the parent's pin threads: it starts from an open gate,
+        # made on first use. A fresh lock too: another thread may have held the parent's.
+        self._gate_lock = threading.Lock()
+        self._parent_gate, self._gate = self._gate, None
+
+    def status(self) -> str:
+        return status()
+
+
+BACKEND = PinMemoryBackend()

@@ -45,29 +45,6 @@ class Plan:
     problem: str | None = None  # why polars cannot be made safe (the worker refuses polars calls)
 
 
-_local = threading.local()  # .plan: the Plan of the worker this thread is forking
-_setup_lock = threading.Lock()
-_copy_fd: int | None = None
-_copy_problem: str | None = None
-_cache: tuple[tuple[int, str, object], tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]] | None
-_cache = None
-_worker_runtime: str | None = None  # in a worker: "copy" or "inherited"
-
-
-def _new_lock_in_child() -> None:
-    global _setup_lock
-    _setup_lock = threading.Lock()
-
-
-_registry.reset_in_child(_new_lock_in_child)
-
-
-
-def worker_runtime() -> str | None:
-    """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started polars' pools); else None."""
-    return _worker_runtime
-
-
 def runtime_module() -> ModuleType | None:
     """polars' native extension module (``polars._plr`` is replaced by it at import)."""
     return sys.modules.get("polars._plr")
@@ -98,74 +75,86 @@ def _version_problem() -> str | None:
     return None
 
 
-def _ensure_copy() -> str | None:
-    global _copy_fd, _copy_problem
-    if _copy_fd is None and _copy_problem is None:
-        _copy_problem = _version_problem()
-        if _copy_problem is None:
-            source = getattr(runtime_module(), "__file__", None)
-            if source is None:
-                _copy_problem = "polars' runtime extension has no file to copy"
-                return _copy_problem
-            try:
-                _copy_fd = _extension_copy.make_copy(source, "polars")
-            except OSError as exc:
-                _copy_problem = f"a copy of {source}: {type(exc).__name__}: {exc}"
-    return _copy_problem
+class PolarsBackend(Backend):
+    name = hook_names.POLARS
+    description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
+    requires = ("polars",)
+
+    def __init__(self) -> None:
+        # What this process knows, filled in the parent under setup_lock; each fork's own
+        # decisions travel in its Plan.
+        self.setup_lock = threading.Lock()
+        self._copy_fd: int | None = None  # a memfd with the runtime's bytes, made once
+        self._copy_problem: str | None = None  # why no copy can be made
+        self._references: _References | None = None
+        self.worker_runtime: str | None = None
+        """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started
+        polars' pools); else None."""
+        _registry.reset_in_child(self._new_lock_in_child)
+
+    def _new_lock_in_child(self) -> None:
+        self.setup_lock = threading.Lock()
+
+    def _ensure_copy(self) -> str | None:
+        if self._copy_fd is None and self._copy_problem is None:
+            self._copy_problem = _version_problem()
+            if self._copy_problem is None:
+                source = getattr(runtime_module(), "__file__", None)
+                if source is None:
+                    self._copy_problem = "polars' runtime extension has no file to copy"
+                    return self._copy_problem
+                try:
+                    self._copy_fd = _extension_copy.make_copy(source, "polars")
+                except OSError as exc:
+                    self._copy_problem = f"a copy of {source}: {type(exc).__name__}: {exc}"
+        return self._copy_problem
+
+    def _current_references(self) -> _References:
+        """What the worker must move, found again after any import (O(1) per fork otherwise)."""
+        state = modules_state()
+        if self._references is None or self._references[0] != state:
+            native = runtime_module()
+            assert native is not None
+            self._references = (
+                state, _extension_copy.find_references(native, PACKAGES), polars_objects.find_slots(native)
+            )
+        return self._references
+
+    def before(self) -> Plan | None:
+        context = fork_context()
+        if context is None:
+            return None
+        threads = context.options.threads_per_worker(context.num_workers)
+        # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
+        if not any(RUNTIME_THREAD.match(thread.name) for thread in forkstate.record().native_threads):
+            return Plan(threads, None)
+        with self.setup_lock:
+            problem = self._ensure_copy()
+            if problem is not None:
+                return Plan(threads, None, problem=problem)
+            _, references, slots = self._current_references()
+            return Plan(threads, self._copy_fd, references, slots)
+
+    def after_in_child(self, plan: Plan | None) -> None:
+        inherited_fd = self._copy_fd
+        self._copy_fd, self._copy_problem, self._references = None, None, None  # a loader in this worker starts over
+        try:
+            if plan is None:
+                return
+            if plan.problem is not None:
+                _refuse_polars(plan.problem)
+                return
+            if plan.copy_fd is None:
+                self.worker_runtime = "inherited"
+                return
+            _load_copy(plan)
+            self.worker_runtime = "copy"
+        finally:
+            if inherited_fd is not None:
+                os.close(inherited_fd)
 
 
-def _references() -> tuple[tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]]:
-    """What the worker must move, found again after any import (O(1) per fork otherwise)."""
-    global _cache
-    state = modules_state()
-    if _cache is None or _cache[0] != state:
-        native = runtime_module()
-        assert native is not None
-        _cache = (state, _extension_copy.find_references(native, PACKAGES), polars_objects.find_slots(native))
-    return _cache[1], _cache[2]
-
-
-def _before() -> None:
-    context = fork_context()
-    if context is None:
-        return
-    threads = context.options.threads_per_worker(context.num_workers)
-    # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
-    if not any(RUNTIME_THREAD.match(thread.name) for thread in forkstate.record().native_threads):
-        _local.plan = Plan(threads, None)
-        return
-    with _setup_lock:
-        problem = _ensure_copy()
-        if problem is not None:
-            _local.plan = Plan(threads, None, problem=problem)
-            return
-        references, slots = _references()
-        _local.plan = Plan(threads, _copy_fd, references, slots)
-
-
-def _after_in_parent() -> None:
-    _local.plan = None
-
-
-def _after_in_child() -> None:
-    global _copy_fd, _copy_problem, _cache, _worker_runtime
-    plan = getattr(_local, "plan", None)
-    _local.plan = None
-    inherited_fd, _copy_fd, _copy_problem, _cache = _copy_fd, None, None, None  # a loader in this worker starts over
-    try:
-        if plan is None:
-            return
-        if plan.problem is not None:
-            _refuse_polars(plan.problem)
-            return
-        if plan.copy_fd is None:
-            _worker_runtime = "inherited"
-            return
-        _load_copy(plan)
-        _worker_runtime = "copy"
-    finally:
-        if inherited_fd is not None:
-            os.close(inherited_fd)
+_References = tuple[tuple[int, str, object], tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]]
 
 
 def _load_copy(plan: Plan) -> None:
@@ -223,12 +212,9 @@ class _Refusing(ModuleType):
         raise PolarsForkError(self._message)
 
 
-class PolarsBackend(Backend):
-    name = hook_names.POLARS
-    description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
-    requires = ("polars",)
-    before = _before
-    after_in_parent = _after_in_parent
-    after_in_child = _after_in_child
+BACKEND = PolarsBackend()
 
-BACKEND = PolarsBackend
+
+def worker_runtime() -> str | None:
+    """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started polars' pools); else None."""
+    return BACKEND.worker_runtime

@@ -23,27 +23,18 @@ _TCP_CLOSE = 7
 _TCP_LISTEN = 10
 _INET = (socket.AF_INET, getattr(socket, "AF_INET6", socket.AF_INET))
 
-# In a worker: this process's pid, the closed stand-in socket of each family
-# (kept open so that its inode, by which severed descriptors are recognised,
-# is not reused), and those inodes.
-_pid = -1
-_stand_ins: dict[int, socket.socket] = {}
-_severed_inodes: set[int] = set()
-
-
-
-def sever_inherited_connections() -> None:
+def sever_inherited_connections(stand_ins: StandIns) -> None:
     """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
     if not _descriptors.AVAILABLE:
         return
     severed = 0
     # Listed once for this fork; the "files" hook reads the same list after this one.
-    for fd, mode, _, _ in _descriptors.inherited():
+    for fd, mode, _, _ in _descriptors.at_fork():
         if not stat.S_ISSOCK(mode):
             continue
         family = _connected_tcp_family(fd)
         if family is not None:
-            os.dup2(_stand_in(family).fileno(), fd, inheritable=os.get_inheritable(fd))
+            os.dup2(stand_ins.get(family).fileno(), fd, inheritable=os.get_inheritable(fd))
             severed += 1
     if severed and "http.client" in sys.modules:
         _reconnect_http_client_connections()
@@ -68,36 +59,39 @@ def _connected_tcp_family(fd: int) -> int | None:
         probe.detach()
 
 
-def _stand_in(family: int) -> socket.socket:
-    """This process's socket of ``family`` that behaves as one closed by its peer."""
-    global _pid
-    if _pid != os.getpid():
-        _pid = os.getpid()
-        _stand_ins.clear()
-        _severed_inodes.clear()
-    stand_in = _stand_ins.get(family)
-    if stand_in is None:
-        stand_in = socket.socket(family, socket.SOCK_STREAM)
+class StandIns:
+    """A worker's closed stand-in socket of each family (kept open so that its inode, by which
+    severed descriptors are recognised, is not reused), and those inodes."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._sockets: dict[int, socket.socket] = {}
+        self._inodes: set[int] = set()
+
+    def get(self, family: int) -> socket.socket:
+        """This process's socket of ``family`` that behaves as one closed by its peer."""
+        stand_in = self._sockets.get(family)
+        if stand_in is None:
+            stand_in = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                # On a socket of our own that never connected, this sets the shutdown
+                # flags only: reads see end-of-file, writes EPIPE, poll POLLIN|POLLHUP.
+                stand_in.shutdown(socket.SHUT_RDWR)
+            except OSError:  # ENOTCONN, as expected: the flags are set regardless
+                pass
+            self._sockets[family] = stand_in
+            self._inodes.add(os.fstat(stand_in.fileno()).st_ino)
+        return stand_in
+
+    def severed(self, sock: Any) -> bool:
+        """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
+        if self.pid != os.getpid() or not self._inodes:
+            return False
         try:
-            # On a socket of our own that never connected, this sets the shutdown
-            # flags only: reads see end-of-file, writes EPIPE, poll POLLIN|POLLHUP.
-            stand_in.shutdown(socket.SHUT_RDWR)
-        except OSError:  # ENOTCONN, as expected: the flags are set regardless
-            pass
-        _stand_ins[family] = stand_in
-        _severed_inodes.add(os.fstat(stand_in.fileno()).st_ino)
-    return stand_in
-
-
-def is_severed(sock: Any) -> bool:
-    """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
-    if _pid != os.getpid() or not _severed_inodes:
-        return False
-    try:
-        fd = sock.fileno()
-        return fd >= 0 and os.fstat(fd).st_ino in _severed_inodes
-    except (OSError, AttributeError, ValueError):
-        return False
+            fd = sock.fileno()
+            return fd >= 0 and os.fstat(fd).st_ino in self._inodes
+        except (OSError, AttributeError, ValueError):
+            return False
 
 
 def _reconnect_http_client_connections() -> None:
@@ -117,7 +111,7 @@ def _reconnect_http_client_connections() -> None:
 
     def putrequest(self: Any, *args: Any, **kwargs: Any) -> Any:
         sock = self.sock
-        if sock is not None and is_severed(sock):
+        if sock is not None and BACKEND.severed(sock):
             self.close()
         return original(self, *args, **kwargs)
 
@@ -134,8 +128,21 @@ class SocketsBackend(Backend):
     # the stand-in, not into the parent's stream. Inside the pin-memory gate.
     first = True
     runs_after = (hook_names.PIN_MEMORY,)
-    before = _descriptors.record_at_fork
-    after_in_parent = _descriptors.forget_at_fork
-    after_in_child = sever_inherited_connections
 
-BACKEND = SocketsBackend
+    def before(self) -> None:
+        _descriptors.at_fork()  # listed in the parent, for the worker's hooks
+
+    def __init__(self) -> None:
+        self.stand_ins: StandIns | None = None
+        """In a worker that severed connections: its stand-in sockets."""
+
+    def after_in_child(self, plan: None) -> None:
+        self.stand_ins = StandIns()
+        sever_inherited_connections(self.stand_ins)
+
+    def severed(self, sock: Any) -> bool:
+        """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
+        return self.stand_ins is not None and self.stand_ins.severed(sock)
+
+
+BACKEND = SocketsBackend()

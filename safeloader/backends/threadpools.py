@@ -9,7 +9,6 @@ import functools
 import importlib.util
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +48,6 @@ class _Plan:
     """torch's OpenMP runtime was used by the parent: more than 1 thread would hang."""
 
 
-# The plan travels from the parent's `before` to the child in a thread-local:
-# two loaders starting workers from two threads at once must not swap plans,
-# and a forked child keeps the forking thread's thread-locals.
-_fork = threading.local()
 _controller: tuple[tuple[str, ...], tuple[_Pool, ...]] | None = None  # (loaded libraries, their pools)
 _seen: dict[str, _Pool | None] = {}  # each loaded path ever looked at -> its pool, or None
 
@@ -162,26 +157,6 @@ def _torch_dir() -> str | None:
     return os.path.realpath(os.path.dirname(path)) + os.sep if path else None
 
 
-# The last plan, with what it was made from: a loader's forks share one while
-# forkstate's record and the pools are the same objects (which also spares the
-# parent freeing a plan after each fork: freeing writes pages the worker shares).
-_last_plan: tuple[forkstate.ForkState, int, tuple[_Pool, ...], _Plan] | None = None
-
-
-def _before() -> None:
-    global _last_plan
-    context = fork_context()
-    if context is None:
-        return
-    budget = context.options.threads_per_worker(context.num_workers)
-    state = forkstate.record()
-    pools = _pools(state.libraries)
-    last = _last_plan
-    if last is None or last[0] is not state or last[1] != budget or last[2] is not pools:
-        last = _last_plan = (state, budget, pools, _plan(state, pools, budget))
-    _fork.plan = last[3]
-
-
 def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> _Plan:
     pinned_paths = frozenset(state.gomp_unsafe)
     limits = []
@@ -197,20 +172,6 @@ def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> 
         # cannot tell which: any pinned runtime pins torch too.
         torch_pinned = True
     return _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
-
-
-def _after_in_parent() -> None:
-    _fork.plan = None
-
-
-def _after_in_child() -> None:
-    plan = getattr(_fork, "plan", None)
-    _fork.plan = None
-    if plan is None:
-        return
-    for pool, threads in plan.limits:
-        _set_threads(pool, threads)
-    _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
 
 def _set_threads(pool: _Pool, threads: int) -> None:
@@ -288,35 +249,54 @@ def _guard_torch_threads(budget: int, pinned: bool) -> None:
     torch.set_num_threads = _TorchSetNumThreads(original, budget, pinned)
 
 
-_warned_inactive = False
-
-
-def prepare_start(loader: Any, options: Options, start_method: str) -> None:
-    """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
-    global _warned_inactive
-    if _warned_inactive or _threadpoolctl_installed():
-        return
-    if options.thread_budget is not None and NAME not in options.disable_hooks:
-        import warnings
-
-        _warned_inactive = True
-        warnings.warn(f"safeloader: thread_budget={options.thread_budget} is ignored; {status()}", stacklevel=2)
-
-
 class ThreadpoolsBackend(Backend):
     name = hook_names.THREADPOOLS
     description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
-    before = _before
-    after_in_parent = _after_in_parent
-    after_in_child = _after_in_child
-    prepare_start = staticmethod(prepare_start)
-    status = staticmethod(status)
 
-    @classmethod
-    def register(cls) -> _registry.Hook | None:
+    def __init__(self) -> None:
+        # The last plan, with what it was made from: a loader's forks share one while
+        # forkstate's record and the pools are the same objects (which also spares the
+        # parent freeing a plan after each fork: freeing writes pages the worker shares).
+        self._last_plan: tuple[forkstate.ForkState, int, tuple[_Pool, ...], _Plan] | None = None
+        self._warned_inactive = False
+
+    def before(self) -> _Plan | None:
+        context = fork_context()
+        if context is None:
+            return None
+        budget = context.options.threads_per_worker(context.num_workers)
+        state = forkstate.record()
+        pools = _pools(state.libraries)
+        last = self._last_plan
+        if last is None or last[0] is not state or last[1] != budget or last[2] is not pools:
+            last = self._last_plan = (state, budget, pools, _plan(state, pools, budget))
+        return last[3]
+
+    def after_in_child(self, plan: _Plan | None) -> None:
+        if plan is None:
+            return
+        for pool, threads in plan.limits:
+            _set_threads(pool, threads)
+        _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
+        if self._warned_inactive or _threadpoolctl_installed():
+            return
+        if options.thread_budget is not None and NAME not in options.disable_hooks:
+            import warnings
+
+            self._warned_inactive = True
+            warnings.warn(f"safeloader: thread_budget={options.thread_budget} is ignored; {status()}", stacklevel=2)
+
+    def status(self) -> str:
+        return status()
+
+    def register(self) -> _registry.Hook | None:
         # Without threadpoolctl the hook stays listed but inactive (Hook.active is
         # False) until threadpoolctl is imported, which means it got installed.
-        cls.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)
+        self.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)  # type: ignore[misc]
         return super().register()
 
-BACKEND = ThreadpoolsBackend
+
+BACKEND = ThreadpoolsBackend()

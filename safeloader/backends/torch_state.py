@@ -33,14 +33,6 @@ def initialised_accelerators() -> tuple[str, ...]:
     return tuple(names)
 
 
-_in_parent: tuple[str, ...] = ()
-
-
-def _before() -> None:
-    global _in_parent
-    _in_parent = initialised_accelerators()  # the worker inherits this value
-
-
 class _RefuseLazyInit:
     """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it.
 
@@ -63,18 +55,20 @@ class _RefuseLazyInit:
         )
 
 
-def _after_in_child() -> None:
-    for accelerator in _in_parent:
-        module: Any = sys.modules.get(f"torch.{accelerator}")
-        if module is not None:
-            setattr(module, LAZY_INIT, _RefuseLazyInit(accelerator))
-
-
 class TorchBackend(Backend):
     name = hook_names.TORCH
     description = 'a worker that touches CUDA/XPU initialised in the parent gets a clear error'
     requires = ("torch",)
-    before = _before
-    after_in_child = _after_in_child
 
-BACKEND = TorchBackend
+    def before(self) -> tuple[str, ...]:
+        """The accelerators the parent initialised: the worker refuses them."""
+        return initialised_accelerators()
+
+    def after_in_child(self, plan: tuple[str, ...] | None) -> None:
+        for accelerator in plan or ():
+            module: Any = sys.modules.get(f"torch.{accelerator}")
+            if module is not None:
+                setattr(module, LAZY_INIT, _RefuseLazyInit(accelerator))
+
+
+BACKEND = TorchBackend()

@@ -41,148 +41,185 @@ class Plan:
     bindings: tuple[zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
 
 
-# Per fork: two threads may start workers at once, and their hooks interleave
-# between bytecodes before os.fork. A forked child inherits the forking thread's
-# thread-locals, so its Plan arrives with it.
-_local = threading.local()  # .plan: the Plan of the worker this thread is forking
+class ZarrsBackend(Backend):
+    name = hook_names.ZARRS
+    description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
+    requires = ("zarrs",)
 
-# Per process, filled in the parent under _setup_lock (checks once, one copy):
-_setup_lock = threading.Lock()
-_spare: ModuleType | None = None  # a copy of zarrs' extension loaded here and never used, made once
-_source: str | None = None  # the extension's file, kept for workers whose own module is a copy
-_resolved: dict[tuple[str, bool], str] = {}  # (requested mode, copy needed) -> mode in force (checks run once)
-_bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
-_bindings_key: frozenset[tuple[str, ModuleType]] | None = None
-_modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was last checked
-_real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners are named
-_live_for: tuple[forkstate.ForkState, bool] | None = None  # runtime_live()'s answer, with the record it read
+    def __init__(self) -> None:
+        # What this process knows, filled in the parent under setup_lock (checks once, one copy).
+        # Each fork's own decisions travel in its Plan: two threads may start workers at once.
+        self.setup_lock = threading.Lock()
+        self._spare: ModuleType | None = None  # a copy of zarrs' extension loaded here and never used
+        self._source: str | None = None  # the extension's file, kept for workers whose own module is a copy
+        self._resolved: dict[tuple[str, bool], str] = {}  # (requested mode, copy needed) -> mode in force
+        self._bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
+        self._bindings_key: frozenset[tuple[str, ModuleType]] | None = None
+        self._modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was checked
+        self._real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners name it
+        self._live_for: tuple[forkstate.ForkState, bool] | None = None  # runtime_live()'s answer, and its record
+        _registry.reset_in_child(self._new_setup_lock_in_child)
 
+    def _new_setup_lock_in_child(self) -> None:
+        # Another thread of the parent may have held the lock at the fork; the child
+        # has no such thread, and a loader started in it must not wait forever.
+        self.setup_lock = threading.Lock()
 
-def _new_setup_lock_in_child() -> None:
-    # Another thread of the parent may have held the lock at the fork; the child
-    # has no such thread, and a loader started in it must not wait forever.
-    global _setup_lock
-    _setup_lock = threading.Lock()
+    def resolve_mode(self, requested: str, copy: bool = True) -> str:
+        """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
 
+        ``copy``: "pool" needs the spare copy of the extension (zarrs' runtime has threads
+        here). Warns once per process on a fallback; raises if no mode can be set up.
+        """
+        with self.setup_lock:
+            return self._resolve_mode_locked(requested, copy)
 
-_registry.reset_in_child(_new_setup_lock_in_child)
+    def _resolve_mode_locked(self, requested: str, copy: bool) -> str:
+        if (requested, copy) in self._resolved:
+            return self._resolved[(requested, copy)]
+        if requested not in ZARRS_MODES:
+            raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {requested!r}")
+        problems = []
+        for mode in ZARRS_MODES[ZARRS_MODES.index(requested) :]:
+            problem = zarrs_layout.MODE_PROBLEMS[mode]()
+            if problem is None and mode == "pool" and copy:
+                problem = self._ensure_copy()
+            if problem is None:
+                break
+            problems.append(f"zarrs_mode={mode!r} needs: {problem}")
+        else:
+            raise RuntimeError(
+                "safeloader cannot make zarrs safe in forked DataLoader workers: "
+                + "; ".join(problems)
+                + ". Use multiprocessing_context='spawn' or num_workers=0."
+            )
+        if problems:
+            warnings.warn(
+                f"safeloader: DataLoader workers decode zarrs arrays with zarrs_mode={mode!r} instead of "
+                f"{requested!r}: " + "; ".join(problems) + f". Supported: {_supported_text()}.",
+                ZarrsFallbackWarning,
+                stacklevel=3,  # the caller of resolve_mode
+            )
+        self._resolved[(requested, copy)] = mode
+        return mode
 
+    def resolved_modes(self) -> dict[tuple[str, bool], str]:
+        """(requested mode, spare copy needed) -> the mode in force, as checked so far in this process."""
+        return dict(self._resolved)
 
+    def forget_mode_checks(self) -> None:
+        """Check again, at the next loader start, which mode can be set up (after zarrs was
+        reinstalled in place, or between tests); a spare copy already loaded is kept."""
+        with self.setup_lock:
+            self._resolved.clear()
 
-def resolve_mode(requested: str, copy: bool = True) -> str:
-    """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
+    def spare_copy(self) -> ModuleType | None:
+        """The copy of zarrs' extension this process loaded for its workers, or None."""
+        return self._spare
 
-    ``copy``: "pool" needs the spare copy of the extension (zarrs' runtime has threads
-    here). Warns once per process on a fallback; raises if no mode can be set up.
-    """
-    with _setup_lock:
-        return _resolve_mode_locked(requested, copy)
+    def _ensure_copy(self) -> str | None:
+        """Load this process's spare copy of the extension once; why it failed, or None.
 
+        The copy's statics (rayon's global pool, tokio's runtime) are built on
+        first use, and the parent never uses it, so each forked worker inherits
+        it as new. It is loaded from a memfd with the same bytes, since the
+        dynamic loader maps a file only once per process; the memfd is closed at
+        once (the mapping keeps its pages), so workers inherit no descriptor.
+        """
+        if self._spare is not None:
+            return None
+        if self._source is None:
+            self._source = sys.modules[zarrs_native.INTERNAL].__file__
+        source = self._source
+        if source is None:
+            return f"{zarrs_native.INTERNAL} has no file to copy"
+        try:
+            fd = zarrs_native.make_copy(source)
+        except OSError as exc:
+            return f"a copy of {source} in memory, got {type(exc).__name__}: {exc}"
+        try:
+            # dlopen holds the dynamic loader's lock; the import runs it with the GIL held,
+            # so no other Python thread forks meanwhile (and none is waited for).
+            spare = zarrs_native.load_copy(fd)
+        except Exception as exc:  # nothing was installed: a slower mode is safe
+            return f"a loadable copy of {source}, got {type(exc).__name__}: {exc}"
+        finally:
+            os.close(fd)
+        spare.__file__ = source  # same bytes; the memfd path died with its descriptor
+        self._spare = spare
+        return None
 
-def _resolve_mode_locked(requested: str, copy: bool) -> str:
-    if (requested, copy) in _resolved:
-        return _resolved[(requested, copy)]
-    if requested not in ZARRS_MODES:
-        raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {requested!r}")
-    problems = []
-    for mode in ZARRS_MODES[ZARRS_MODES.index(requested) :]:
-        problem = zarrs_layout.MODE_PROBLEMS[mode]()
-        if problem is None and mode == "pool" and copy:
-            problem = _ensure_copy()
-        if problem is None:
-            break
-        problems.append(f"zarrs_mode={mode!r} needs: {problem}")
-    else:
-        raise RuntimeError(
-            "safeloader cannot make zarrs safe in forked DataLoader workers: "
-            + "; ".join(problems)
-            + ". Use multiprocessing_context='spawn' or num_workers=0."
-        )
-    if problems:
-        warnings.warn(
-            f"safeloader: DataLoader workers decode zarrs arrays with zarrs_mode={mode!r} instead of "
-            f"{requested!r}: " + "; ".join(problems) + f". Supported: {_supported_text()}.",
-            ZarrsFallbackWarning,
-            stacklevel=3,  # the caller of resolve_mode
-        )
-    _resolved[(requested, copy)] = mode
-    return mode
+    def current_bindings(self) -> tuple[zarrs_native.Binding, ...]:
+        """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, as the worker must move them.
 
+        Found again when the loaded ``zarrs`` modules changed since the last call
+        (a submodule imported after the first loader start binds its own objects).
+        Per fork this costs O(1) while nothing was imported: the pass over
+        ``sys.modules`` (~0.1 ms with torch loaded) runs only after an import.
+        """
+        seen = modules_state()
+        with self.setup_lock:
+            if seen == self._modules_seen:
+                return self._bindings
+            key = _loaded_zarrs_modules()
+            if key != self._bindings_key:
+                self._bindings = zarrs_native.find_bindings(sys.modules[zarrs_native.INTERNAL])
+                self._bindings_key = key
+            self._modules_seen = seen  # taken before the pass: an import during it is seen next time
+            return self._bindings
 
-def resolved_modes() -> dict[tuple[str, bool], str]:
-    """(requested mode, spare copy needed) -> the mode in force, as checked so far in this process."""
-    return dict(_resolved)
+    def runtime_live(self) -> bool:
+        """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
+        or might have: a native thread whose owner cannot be read counts as one."""
+        from .. import thread_owners
 
+        state = forkstate.record()
+        if self._live_for is not None and self._live_for[0] is state:
+            return self._live_for[1]  # a loader's later forks, same threads: nothing new to write between forks
+        path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
+        if path is None:
+            return True
+        threads = tuple((thread.tid, thread.name) for thread in state.native_threads)
+        real = self._real_paths.get(path) or self._real_paths.setdefault(path, os.path.realpath(path))
+        live = any(owner is None or owner == real for owner in thread_owners.owners(threads).values())
+        self._live_for = (state, live)
+        return live
 
-def forget_mode_checks() -> None:
-    """Check again, at the next loader start, which mode can be set up (after zarrs was
-    reinstalled in place, or between tests); a spare copy already loaded is kept."""
-    with _setup_lock:
-        _resolved.clear()
+    def before(self) -> Plan | None:
+        context = fork_context()
+        if context is None:  # only armed worker forks run this hook
+            return None
+        requested = context.options.zarrs_mode
+        # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
+        # started builds its own from the module it inherits (and the parent loads no copy).
+        live = requested == "pool" and self.runtime_live()
+        mode = self.resolve_mode(requested, copy=live)
+        threads = context.options.threads_per_worker(context.num_workers)
+        if mode == "pool" and live:
+            return Plan(mode, threads, self._spare, self.current_bindings())
+        return Plan(mode, threads, None)
 
-
-def spare_copy() -> ModuleType | None:
-    """The copy of zarrs' extension this process loaded for its workers, or None."""
-    return _spare
+    def after_in_child(self, plan: Plan | None) -> None:
+        self._spare = None  # the inherited spare becomes this worker's module: a loader inside it loads its own...
+        self._resolved.clear()  # ...checks its own module layout...
+        self._modules_seen = None  # ...and finds its bindings again (installing the copy imports nothing)
+        if plan is None:
+            return
+        mode = plan.mode
+        if mode == "pool" and plan.copy is not None:
+            mode = _install_private_pool(plan)
+        elif mode == "pool":  # the inherited module's pool was never started: it starts here, this size
+            os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
+        if mode == "serial":
+            _configure_serial()
+        elif mode == "python":
+            _configure_python()
+        zarrs_pipelines.activate(mode)
 
 
 def _supported_text() -> str:
     dotted = zarrs_layout.dotted
     return ", ".join(f"{lib}>={dotted(low)},<{dotted(high)}" for lib, (low, high) in SUPPORTED_VERSIONS.items())
-
-
-def _ensure_copy() -> str | None:
-    """Load this process's spare copy of the extension once; why it failed, or None.
-
-    The copy's statics (rayon's global pool, tokio's runtime) are built on
-    first use, and the parent never uses it, so each forked worker inherits
-    it as new. It is loaded from a memfd with the same bytes, since the
-    dynamic loader maps a file only once per process; the memfd is closed at
-    once (the mapping keeps its pages), so workers inherit no descriptor.
-    """
-    global _spare, _source
-    if _spare is not None:
-        return None
-    if _source is None:
-        _source = sys.modules[zarrs_native.INTERNAL].__file__
-    if _source is None:
-        return f"{zarrs_native.INTERNAL} has no file to copy"
-    try:
-        fd = zarrs_native.make_copy(_source)
-    except OSError as exc:
-        return f"a copy of {_source} in memory, got {type(exc).__name__}: {exc}"
-    try:
-        # dlopen holds the dynamic loader's lock; the import runs it with the GIL held,
-        # so no other Python thread forks meanwhile (and none is waited for).
-        spare = zarrs_native.load_copy(fd)
-    except Exception as exc:  # nothing was installed: a slower mode is safe
-        return f"a loadable copy of {_source}, got {type(exc).__name__}: {exc}"
-    finally:
-        os.close(fd)
-    spare.__file__ = _source  # same bytes; the memfd path died with its descriptor
-    _spare = spare
-    return None
-
-
-def current_bindings() -> tuple[zarrs_native.Binding, ...]:
-    """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, as the worker must move them.
-
-    Found again when the loaded ``zarrs`` modules changed since the last call
-    (a submodule imported after the first loader start binds its own objects).
-    Per fork this costs O(1) while nothing was imported: the pass over
-    ``sys.modules`` (~0.1 ms with torch loaded) runs only after an import.
-    """
-    global _bindings, _bindings_key, _modules_seen
-    seen = modules_state()
-    with _setup_lock:
-        if seen == _modules_seen:
-            return _bindings
-        key = _loaded_zarrs_modules()
-        if key != _bindings_key:
-            _bindings = zarrs_native.find_bindings(sys.modules[zarrs_native.INTERNAL])
-            _bindings_key = key
-        _modules_seen = seen  # taken before the pass: an import during it is seen next time
-        return _bindings
 
 
 def _loaded_zarrs_modules() -> frozenset[tuple[str, ModuleType]]:
@@ -193,64 +230,6 @@ def _loaded_zarrs_modules() -> frozenset[tuple[str, ModuleType]]:
         for name, module in list(sys.modules.items())
         if (name == "zarrs" or name.startswith("zarrs.")) and module is not None
     )
-
-
-def _before() -> None:
-    context = fork_context()
-    if context is None:  # only armed worker forks run this hook
-        return
-    requested = context.options.zarrs_mode
-    # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
-    # started builds its own from the module it inherits (and the parent loads no copy).
-    live = requested == "pool" and runtime_live()
-    mode = resolve_mode(requested, copy=live)
-    threads = context.options.threads_per_worker(context.num_workers)
-    copy = mode == "pool" and live
-    _local.plan = Plan(mode, threads, _spare, current_bindings()) if copy else Plan(mode, threads, None)
-
-
-def runtime_live() -> bool:
-    """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
-    or might have: a native thread whose owner cannot be read counts as one."""
-    global _live_for
-    from .. import thread_owners
-
-    state = forkstate.record()
-    if _live_for is not None and _live_for[0] is state:
-        return _live_for[1]  # a loader's later forks, same threads: nothing new to write between forks
-    path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
-    if path is None:
-        return True
-    threads = tuple((thread.tid, thread.name) for thread in state.native_threads)
-    real = _real_paths.get(path) or _real_paths.setdefault(path, os.path.realpath(path))
-    live = any(owner is None or owner == real for owner in thread_owners.owners(threads).values())
-    _live_for = (state, live)
-    return live
-
-
-def _after_in_parent() -> None:
-    _local.plan = None
-
-
-def _after_in_child() -> None:
-    global _spare, _modules_seen
-    plan = getattr(_local, "plan", None)
-    _local.plan = None
-    _spare = None  # the inherited spare becomes this worker's module: a loader inside it loads its own...
-    _resolved.clear()  # ...checks its own module layout...
-    _modules_seen = None  # ...and finds its bindings again (installing the copy imports nothing)
-    if plan is None:
-        return
-    mode = plan.mode
-    if mode == "pool" and plan.copy is not None:
-        mode = _install_private_pool(plan)
-    elif mode == "pool":  # the inherited module's pool was never started: it starts here, this size
-        os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
-    if mode == "serial":
-        _configure_serial()
-    elif mode == "python":
-        _configure_python()
-    zarrs_pipelines.activate(mode)
 
 
 def _install_private_pool(plan: Plan) -> str:
@@ -288,12 +267,11 @@ def _configure_python() -> None:
         config.set({"codec_pipeline.path": PYTHON_PIPELINE})
 
 
-class ZarrsBackend(Backend):
-    name = hook_names.ZARRS
-    description = 'each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)'
-    requires = ("zarrs",)
-    before = _before
-    after_in_parent = _after_in_parent
-    after_in_child = _after_in_child
-
-BACKEND = ZarrsBackend
+BACKEND = ZarrsBackend()
+# The process's zarrs state, for the loader, doctor and tests.
+resolve_mode = BACKEND.resolve_mode
+resolved_modes = BACKEND.resolved_modes
+forget_mode_checks = BACKEND.forget_mode_checks
+spare_copy = BACKEND.spare_copy
+current_bindings = BACKEND.current_bindings
+runtime_live = BACKEND.runtime_live

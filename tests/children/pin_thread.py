@@ -60,7 +60,9 @@ for attempt in range(20):
         batches = list(Loader(range(8), batch_size=2, num_workers=2, timeout=5))
     except RuntimeError as error:
         print(f"attempt {attempt}: {error}", flush=True)
-        # torch's SIGCHLD handler would raise "worker killed by signal" here, mid-loop.
+        # torch's SIGCHLD handler would raise "worker killed by signal" here, mid-loop: replaced, not
+        # only blocked (a SIGCHLD already caught would still run the Python handler; SIG_DFL runs none).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         for worker in psutil.Process().children(recursive=True):
             worker.kill()  # the hung worker would hold our output pipes open
