@@ -69,7 +69,7 @@ def hook_costs(samples: int = 20) -> tuple[list[float], list[float]]:
         _registry._local.pending = _registry.ForkContext(0, WORKERS, safeloader.get_options())
         try:
             start = time.perf_counter()
-            threadpools._before()  # what the parent runs before each worker fork
+            plan = threadpools.BACKEND.before()  # what the parent runs before each worker fork
             parent_us.append((time.perf_counter() - start) * 1e6)
         finally:
             _registry._local.pending = None
@@ -77,10 +77,9 @@ def hook_costs(samples: int = 20) -> tuple[list[float], list[float]]:
         pid = os.fork()
         if pid == 0:
             start = time.perf_counter()
-            threadpools._after_in_child()  # what each worker runs
+            threadpools.BACKEND.after_in_child(plan)  # what each worker runs
             os.write(write, str((time.perf_counter() - start) * 1e6).encode())
             os._exit(0)
-        threadpools._plan = None
         os.close(write)
         child_us.append(float(os.read(read, 64)))
         os.close(read)

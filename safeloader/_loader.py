@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader as _TorchDataLoader
 
 from . import _abandoned_locks, _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
 from ._deferred_signals import DeferredSignals
-from ._options import Options, get_options
+from ._options import OPTION_NAMES, Options, get_options
 from .errors import HookError
 
 
@@ -36,7 +36,6 @@ DEFAULT = _Default.DEFAULT
 
 T_co = TypeVar("T_co", covariant=True)
 
-OPTION_NAMES = ("zarrs_mode", "thread_budget", "freeze_gc", "stall_timeout", "disable_hooks", "on_unsafe_fork")
 
 
 class WorkerInit:
@@ -281,11 +280,16 @@ class _SafeDataLoaderMeta(type):
 class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
     """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
 
-    Takes exactly torch's arguments (new ones pass through), plus:
+    Takes exactly torch's arguments (new ones pass through), plus, by keyword, the options of
+    ``safeloader.Options`` for this loader (each defaults to ``safeloader.configure``'s setting):
 
-    - ``zarrs_mode``, ``thread_budget``, ``freeze_gc``, ``stall_timeout``:
-      backend options for this loader (see ``safeloader.configure``);
-    - ``disable_hooks``: names of hooks not to run for this loader.
+    - ``zarrs_mode``: how workers decode zarrs arrays ("pool", "serial", "python");
+    - ``thread_budget``: threads each worker may give a BLAS/OpenMP pool (None: cores // workers);
+    - ``freeze_gc``: freeze the parent's objects around forks (less copy-on-write);
+    - ``stall_timeout``: seconds a busy worker may go without finishing an item (None: off);
+    - ``disable_hooks``: names of hooks not to run for this loader;
+    - ``on_unsafe_fork``: what to do when the parent holds a native pool no backend resets
+      ("auto", "raise", "forkserver", "warn", "ignore").
 
     Every init argument is stored under the attribute of the same name, so
     trainers that rebuild loaders from their attributes get the same loader.
@@ -321,9 +325,12 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
         on_unsafe_fork: str | _Default = DEFAULT,
         **kwargs: Any,
     ) -> None:
-        # Validate our options now, not at the first fork.
-        given = zip(OPTION_NAMES, (zarrs_mode, thread_budget, freeze_gc, stall_timeout, disable_hooks, on_unsafe_fork))
-        checked = get_options().replace(**{name: value for name, value in given if value is not DEFAULT})
+        # The keywords above are Options' fields (tests/test_loader_parity checks they stay so);
+        # each is kept as an attribute of its name, which resolve_options reads at each start.
+        arguments = locals()
+        given = {name: arguments[name] for name in OPTION_NAMES}
+        # Validated now, not at the first fork.
+        checked = get_options().replace(**{name: value for name, value in given.items() if value is not DEFAULT})
         if disable_hooks is not DEFAULT:
             _registry.check_hook_names(checked.disable_hooks)
         super().__init__(
@@ -343,12 +350,8 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
             **kwargs,
         )
         self.shuffle = shuffle  # torch does not keep it; trainers rebuild from it
-        self.zarrs_mode = zarrs_mode
-        self.thread_budget = thread_budget
-        self.freeze_gc = freeze_gc
-        self.stall_timeout = stall_timeout
-        self.disable_hooks = disable_hooks
-        self.on_unsafe_fork = on_unsafe_fork
+        for name, value in given.items():
+            setattr(self, name, value)
 
     def _get_iterator(self) -> Any:
         return start_armed(self, super()._get_iterator)

@@ -89,6 +89,12 @@ class Options:
             raise TypeError(f"disable_hooks must be an iterable of hook names (str), got {self.disable_hooks!r}")
         object.__setattr__(self, "disable_hooks", frozenset(names))
 
+    def as_dict(self) -> dict[str, object]:
+        """The options as plain data (``disable_hooks`` a sorted list), for reports."""
+        values = {name: getattr(self, name) for name in OPTION_NAMES}
+        values["disable_hooks"] = sorted(self.disable_hooks)
+        return values
+
     def replace(self, **changes: object) -> Options:
         """A copy with ``changes`` applied; unknown names are a TypeError."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -96,6 +102,9 @@ class Options:
             raise TypeError(f"unknown safeloader option(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
+
+OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Options))
+"""Every option, in declaration order: ``SafeDataLoader``'s keywords and attributes of these names."""
 
 _defaults = Options()
 

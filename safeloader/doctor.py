@@ -473,14 +473,7 @@ def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
     return {
         "versions": _versions(),
         "start_method": _start_method(),
-        "options": {
-            "zarrs_mode": options.zarrs_mode,
-            "thread_budget": options.thread_budget,
-            "freeze_gc": options.freeze_gc,
-            "stall_timeout": options.stall_timeout,
-            "disable_hooks": sorted(options.disable_hooks),
-            "on_unsafe_fork": options.on_unsafe_fork,
-        },
+        "options": options.as_dict(),
         "hooks": _hooks(),
         "live_at_fork": hazards,
         "summary": summary(hazards),

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["KNOWN", "Known", "entry", "is_system", "known", "package_of", "used_runtimes"]
+__all__ = ["KNOWN", "Known", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes"]
 
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
 SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
@@ -34,12 +34,21 @@ class Known:
         return not self.since or _at_least(package, self.since)
 
 
+_handled: dict[str, Known] = {}  # backend name -> its HANDLED entry (``handled_by``)
+
+
+def handled_by(backend: str, libraries: tuple[str, ...]) -> None:
+    """Record that the backend ``backend`` resets ``libraries`` (file-name prefixes of shared objects,
+    or package names) in each worker: their threads are not a hazard while its hook runs. Each
+    backend declares its own (``Backend.libraries``); registering it again replaces them."""
+    if libraries:
+        _handled[backend] = Known(libraries, HANDLED, backend)
+    else:
+        _handled.pop(backend, None)
+
+
 KNOWN: tuple[Known, ...] = (
-    Known(("libgomp", "libomp", "libiomp"), HANDLED, "threadpools"),
-    Known(("libopenblas", "libscipy_openblas", "libmkl", "libblis", "libflexiblas"), HANDLED, "threadpools"),
-    Known(("libtorch", "libc10"), HANDLED, "torch"),  # and torch's own at-fork handler
-    Known(("polars", "_polars_runtime"), HANDLED, "polars"),
-    Known(("zarrs",), HANDLED, "zarrs"),
+    # What is known of libraries no backend handles; the handled ones come from their backends.
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
@@ -137,7 +146,7 @@ def known(path: str, package: str | None = None) -> Known | None:
     """The entry for the shared object ``path`` (shipped by ``package``), if any applies."""
     base = os.path.basename(path)
     package = package or package_of(path)
-    for entry in KNOWN:
+    for entry in (*_handled.values(), *KNOWN):
         if (base.startswith(entry.names) or package in entry.names) and entry.applies(package):
             return entry
     return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import multiprocessing
 import pickle
 
@@ -178,6 +180,24 @@ def test_iterable_dataset_argument_errors_are_torchs():
 def test_bad_safeloader_options_fail_at_construction(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         DataLoader(Squares(), num_workers=1, **kwargs)
+
+
+def test_the_loaders_own_keywords_are_exactly_the_options_each_documented_and_defaulted():
+    import inspect
+
+    from safeloader import DEFAULT, Options
+
+    fields = [field.name for field in dataclasses.fields(Options)]
+    parameters = inspect.signature(DataLoader.__init__).parameters
+    keyword_only = [name for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == fields  # an option added to Options is a loader keyword too, and no other
+    assert all(parameters[name].default is DEFAULT for name in fields)
+    doc = DataLoader.__doc__ or ""
+    assert [name for name in fields if f"``{name}``" not in doc] == []
+    loader = DataLoader(Squares(), num_workers=1, on_unsafe_fork="raise", thread_budget=3)
+    assert safeloader._loader.resolve_options(loader) == safeloader.get_options().replace(
+        on_unsafe_fork="raise", thread_budget=3
+    )
 
 
 def test_every_init_argument_is_stored_under_its_name():

@@ -51,6 +51,13 @@ def test_by_default_a_pickling_dataset_gets_forkserver_workers_and_correct_data(
     assert "start with a preloaded forkserver instead" in lines[1] and len(lines) == 2, out
 
 
+def test_a_backend_that_declares_the_library_makes_its_threads_handled_and_workers_fork(tiny_pool):
+    # The same unpicklable Dataset as below, with a third-party backend that resets the pool in
+    # each worker and names the library (Backend.libraries): plain fork workers, no warning, right data.
+    out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "backend", "unpicklable", timeout=60).stdout
+    assert out.splitlines() == [SQUARES], out
+
+
 def test_by_default_an_unpicklable_dataset_raises_before_any_worker_starts(tiny_pool):
     out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "default", "unpicklable", timeout=60).stdout
     assert out.startswith("UnsafeForkError: safeloader: DataLoader workers would be forked from a process holding "

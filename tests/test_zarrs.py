@@ -394,7 +394,7 @@ def test_parent_that_cannot_load_the_copy_falls_back_to_serial_with_one_warning(
         raise ImportError("simulated")
 
     monkeypatch.setattr(zarrs_native, "load_copy", broken)
-    monkeypatch.setattr(backend, "_spare", None)  # as in a process that has not loaded it yet
+    backend.forget_mode_checks(spare=True)  # as in a process that has not loaded it yet
     loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
     items, fallbacks = run_collecting_warnings(loader)
     check_reads(items, reference, mode="serial")

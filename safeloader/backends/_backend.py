@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .. import _registration
+from .. import _registration, native_libraries
 from .._options import Options
 
 _PHASES = ("before", "after_in_parent", "after_in_child")
@@ -35,6 +35,10 @@ class Backend:
     """Among the hooks nearest the fork: ``after_*`` before the plain hooks', ``before`` after theirs."""
     runs_after: ClassVar[tuple[str, ...]] = ()
     """Hooks whose ``after_*`` callbacks run before this one's (its ``before`` runs before theirs)."""
+    libraries: ClassVar[tuple[str, ...]] = ()
+    """The native libraries whose threads it makes safe in each worker: file-name prefixes of their
+    shared objects ("libgomp") or their package names. The fork-time check, ``doctor`` and the stall
+    report then count those threads as handled by this backend, not as an unknown pool."""
 
     def before(self) -> Any:
         """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
@@ -63,7 +67,8 @@ class Backend:
         return any(self._overrides(phase) for phase in _PHASES)
 
     def register(self) -> _registration.Hook | None:
-        """Register its fork hook; None for a backend that only prepares starts."""
+        """Register its fork hook and the libraries it handles; None for a backend that only prepares starts."""
+        native_libraries.handled_by(self.name, self.libraries)
         if not self.has_hook():
             return None
         before, after_in_parent, after_in_child = (

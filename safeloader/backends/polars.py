@@ -79,6 +79,7 @@ class PolarsBackend(Backend):
     name = hook_names.POLARS
     description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
     requires = ("polars",)
+    libraries = ("polars", "_polars_runtime")
 
     def __init__(self) -> None:
         # What this process knows, filled in the parent under setup_lock; each fork's own

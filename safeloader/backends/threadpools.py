@@ -252,6 +252,9 @@ def _guard_torch_threads(budget: int, pinned: bool) -> None:
 class ThreadpoolsBackend(Backend):
     name = hook_names.THREADPOOLS
     description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
+    libraries = (
+        "libgomp", "libomp", "libiomp", "libopenblas", "libscipy_openblas", "libmkl", "libblis", "libflexiblas",
+    )
 
     def __init__(self) -> None:
         # The last plan, with what it was made from: a loader's forks share one while

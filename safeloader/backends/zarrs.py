@@ -45,6 +45,7 @@ class ZarrsBackend(Backend):
     name = hook_names.ZARRS
     description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
     requires = ("zarrs",)
+    libraries = ("zarrs",)
 
     def __init__(self) -> None:
         # What this process knows, filled in the parent under setup_lock (checks once, one copy).
@@ -107,11 +108,14 @@ class ZarrsBackend(Backend):
         """(requested mode, spare copy needed) -> the mode in force, as checked so far in this process."""
         return dict(self._resolved)
 
-    def forget_mode_checks(self) -> None:
+    def forget_mode_checks(self, spare: bool = False) -> None:
         """Check again, at the next loader start, which mode can be set up (after zarrs was
-        reinstalled in place, or between tests); a spare copy already loaded is kept."""
+        reinstalled in place, or between tests). A spare copy already loaded is kept, unless
+        ``spare``: the next start that needs one then loads another (tests of a first load)."""
         with self.setup_lock:
             self._resolved.clear()
+            if spare:
+                self._spare = None
 
     def spare_copy(self) -> ModuleType | None:
         """The copy of zarrs' extension this process loaded for its workers, or None."""

@@ -29,14 +29,15 @@ class Interrupter:
     def __init__(self, original, place):
         self.original, self.place, self.fired = original, place, False
 
-    def __call__(self):
+    def __call__(self, *plan):  # a backend's after_* phases get the fork's plan
         if self.place == "last":
-            self.original()
+            self.original(*plan)  # what `before` returned is lost with the interrupt: its plan is None
         if not self.fired:
             self.fired = True
             raise KeyboardInterrupt(f"in {self.place}")
         if self.place == "first":
-            self.original()
+            return self.original(*plan)
+        return None
 
 
 def epoch_in_thread():
@@ -85,14 +86,14 @@ for hook, phase, place in cases:
     gc.collect()
     if gc.get_freeze_count():
         problems.append(f"gc left frozen ({gc.get_freeze_count()} objects)")
-    gate = pin_memory._gate
-    if gate is not None and gate.closers:
+    gate = pin_memory.BACKEND.gate
+    if gate.closers:
         problems.append(f"pin-memory gate left closed: {gate.closers}")
-    if gate is not None and gate.lock.locked():
+    if gate.lock.locked():
         problems.append("pin-memory gate's lock left held")
     if _registry.armed() is not None or _registry._fork_left_open():
         problems.append("the registry's fork state left behind")
-    if getattr(threadpools._fork, "plan", None) is not None:
+    if _registry.plan_of(threadpools.NAME) is not None:
         problems.append("threadpools' plan left behind")
     if not guard_free():
         problems.append("fork guard left held")

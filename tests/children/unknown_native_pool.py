@@ -2,7 +2,8 @@
 or FFmpeg's), started and used once in the parent; 2 workers read 6 items through it.
 
 argv: the built library, ``torch`` or ``safeloader`` (whose DataLoader), an ``on_unsafe_fork``
-policy (``default``: not passed; ``missed``: default, the pool's threads not found at the start),
+policy (``default``: not passed; ``missed``: default, the pool's threads not found at the start;
+``backend``: default, with a backend of the test's own that resets the pool in each worker),
 and ``pickles`` or ``unpicklable`` (the Dataset also holds a lock, as one holding an open
 connection would). Prints the items, or the error's type and message,
 then each warning's category and message.
@@ -49,6 +50,18 @@ if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
             safeloader._unsafe_fork._live_libraries = found_at_start
 
         safeloader.register_at_fork(after_in_parent=restore, name="restore")
+        policy = "default"
+    if policy == "backend":
+
+        class TinyPoolBackend(safeloader.Backend):
+            name = "tinypool"
+            description = "each worker starts the tiny pool's threads afresh"
+            libraries = ("libtinypool",)
+
+            def after_in_child(self, plan: None) -> None:
+                pool().pool_forget_threads()  # the next call starts the worker's own threads
+
+        safeloader.register_backend(TinyPoolBackend)
         policy = "default"
     keywords = {} if policy == "default" or which == "torch" else {"on_unsafe_fork": policy}
     loader_class = torch.utils.data.DataLoader if which == "torch" else safeloader.DataLoader

@@ -34,6 +34,15 @@ int pool_start(int threads) {
     return started;
 }
 
+/* What a library's own at-fork reset does, in a child: forget the threads it does not have. */
+void pool_forget_threads(void) {
+    pthread_mutex_init(&lock, 0);  /* the parent's waiters are counted in these: made new */
+    pthread_cond_init(&work, 0);
+    pthread_cond_init(&done, 0);
+    started = 0;
+    pending = 0;
+}
+
 long pool_square(long value) {
     pthread_mutex_lock(&lock);
     while (pending) pthread_cond_wait(&done, &lock);
