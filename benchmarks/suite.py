@@ -162,7 +162,7 @@ def run_scenario(name: str, contenders: list[str], params_path: str, repeats: in
 
 
 def run_suite(scale: str, repeats: int, only: list[str] | None = None, skip: list[str] | None = None) -> dict:
-    from . import common, scenarios
+    from . import common, data, scenarios
 
     table = scenarios.scenarios()
     names = [n for n in table if not only or any(o.lower() in n.lower() for o in only)]
@@ -189,7 +189,7 @@ def run_suite(scale: str, repeats: int, only: list[str] | None = None, skip: lis
     print(file=sys.stderr)
     return {
         "machine": common.machine(),
-        "config": {"scale": scale, "repeats": repeats, "sizes": scenarios.sizes(scale)},
+        "config": {"scale": scale, "repeats": repeats, "sizes": data.sizes(scale)},
         "elapsed_s": time.monotonic() - started,
         "scenarios": results,
     }

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.scenarios import THREADS
+from benchmarks.contenders import THREADS
 from benchmarks.threads import SpdlLoader, ThreadPoolLoader
 
 from .subproc import run_python
