@@ -16,6 +16,8 @@ def cell(entry: dict) -> str:
         text += f" ({entry['min']:.2f}-{entry['max']:.2f})"
     if "worker_uss_mb" in entry:
         text += f", {entry['worker_uss_mb']:.0f} MB/worker"
+    if "first_batch_s" in entry:
+        text += f", first batch {entry['first_batch_s']:.2f} s"
     if not entry.get("correct", True):
         text += ", WRONG DATA"
     return text
@@ -23,7 +25,10 @@ def cell(entry: dict) -> str:
 
 def ratio(entry: dict) -> str:
     value = entry.get("ratio_to_safeloader")
-    return f"{value:.2f}x" if value else "-"
+    text = f"{value:.2f}x" if value else "-"
+    if entry.get("first_batch_ratio_to_safeloader"):
+        text += f" (first batch {entry['first_batch_ratio_to_safeloader']:.2f}x)"
+    return text
 
 
 def markdown(result: dict) -> str:

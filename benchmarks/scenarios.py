@@ -1,4 +1,4 @@
-"""The suite's scenarios: data, Datasets and the contenders users choose between.
+"""The suite's registry of scenarios (``scenarios()``, ``make_data``), and its short-epoch scenarios.
 
 Each scenario maps contender names to a *setup* function ``setup(params) ->
 measure``; the runner calls setup once in a fresh child process (so a parent
@@ -7,10 +7,12 @@ once per round. ``measure`` returns ``{"seconds": float, "ok": bool}`` (plus
 scenario-specific figures), or raises: an exception is recorded as a failure,
 a timeout as a hang.
 
-Process-based contenders build a DataLoader; thread-based ones (``THREADS``: a
-ThreadPoolExecutor, SPDL's pipeline; ``benchmarks.threads``) iterate the same
-Dataset with threads, in the scenarios where a Dataset written for workers can be
-shared by threads as it is (not the first-batch ones: threads have no start-up).
+How each contender loads (torch's start methods, threads, safeloader) is
+``benchmarks.contenders``; the data sizes and the Datasets several scenario
+modules share are ``benchmarks.data``. The scenarios defined here are start-up,
+zarr, HDF5/npz, BLAS, Python-heavy and worker memory; the others live in the
+``benchmarks.scenarios_*`` modules, which import only those shared modules:
+this module is the one that imports every scenario module.
 
 Datasets open their file in ``__init__``, as users write them.
 """
@@ -19,41 +21,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
-import safeloader
+from . import scenarios_executors, scenarios_handles, scenarios_polars, scenarios_steady
+from .contenders import THREADS, Measure, Setup, epoch, loader_kinds
+from .data import PYTHON_PIPELINE, ZARRS_PIPELINE, Records, ZarrRows, sizes
 
-Measure = Callable[[], dict]
-PRELOAD = ["torch", "torch.utils.data", "numpy", "benchmarks.scenarios"]
-ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
-PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
-THREADS = ("threads (ThreadPoolExecutor)", "threads (SPDL)")
+SLOW_STARTS = ("spawn", "forkserver", "forkserver+preload")
 
 
 # -- data ----------------------------------------------------------------------
-
-
-SCALES = {
-    # zarr_rows x 1024 float32 columns (4 MB raw per 1024 rows), read 64 rows (4 chunks) per item;
-    # polars_rows: the parent's query; polars_items: parquet files read per epoch (a multiple of 64)
-    "tiny": {"zarr_rows": 256, "file_items": 200, "blas_items": 8, "objects": 50_000, "text_items": 16,
-             "polars_rows": 100_000, "polars_items": 64},
-    "quick": {"zarr_rows": 32768, "file_items": 1000, "blas_items": 64, "objects": 1_000_000, "text_items": 256,
-              "polars_rows": 1_500_000, "polars_items": 1024},
-    "full": {"zarr_rows": 65536, "file_items": 3000, "blas_items": 192, "objects": 3_000_000, "text_items": 768,
-             "polars_rows": 2_000_000, "polars_items": 3072},
-}
-
-
-def sizes(scale: str) -> dict[str, int]:
-    return SCALES[scale]
 
 
 def make_data(directory: Path, scale: str) -> dict[str, Any]:
@@ -76,12 +58,11 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
     with h5py.File(directory / "data.h5", "w") as f:
         f.create_dataset("x", data=records, chunks=(8, 512), compression="gzip")
     np.savez(directory / "data.npz", **{f"m{i}": records[i] for i in range(n["file_items"])})
-    from .scenarios_handles import write_lmdb
-    from .scenarios_polars import write_parquet
 
     return {
-        "lmdb": write_lmdb(directory, records),
-        **write_parquet(directory, n["polars_rows"], n["polars_items"]),
+        "lmdb": scenarios_handles.write_lmdb(directory, records),
+        **scenarios_polars.write_parquet(directory, n["polars_rows"], n["polars_items"]),
+        **scenarios_executors.write_chunks(directory, n["executor_items"]),
         "text_checksum": float(sum(Tokenize(n["text_items"])[i] for i in range(n["text_items"]))),
         "dir": str(directory),
         "zarr": str(directory / "data.zarr"),
@@ -92,47 +73,6 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
         "scale": scale,
         **n,
     }
-
-
-# -- loaders -------------------------------------------------------------------
-
-
-def loader_kinds(preload: list[str] = PRELOAD) -> dict[str, Callable[..., Any]]:
-    """How each contender builds its loader (an iterable of batches) from (dataset, **kwargs);
-    ``preload``: what forkserver+preload imports in the server."""
-    import multiprocessing
-
-    from .threads import SpdlLoader, ThreadPoolLoader
-
-    def with_context(method: str, with_preload: bool = False):
-        def build(dataset, **kwargs):
-            context = multiprocessing.get_context(method)
-            if with_preload:
-                context.set_forkserver_preload(preload)
-            return TorchDataLoader(dataset, multiprocessing_context=context, **kwargs)
-
-        return build
-
-    return {
-        "torch fork": TorchDataLoader,
-        "spawn": with_context("spawn"),
-        "forkserver": with_context("forkserver"),
-        "forkserver+preload": with_context("forkserver", with_preload=True),
-        "num_workers=0": lambda dataset, **kwargs: TorchDataLoader(dataset, **{**kwargs, "num_workers": 0}),
-        THREADS[0]: ThreadPoolLoader,
-        THREADS[1]: SpdlLoader,
-        "safeloader": safeloader.DataLoader,
-    }
-
-
-def epoch(build: Callable[..., Any], dataset: Dataset, checksum: float | None, **kwargs) -> dict:
-    start = time.perf_counter()
-    total = 0.0
-    for batch in build(dataset, **kwargs):
-        total += float(batch.sum(dtype=torch.float64))
-    seconds = time.perf_counter() - start
-    ok = checksum is None or abs(total - checksum) <= 1e-6 * max(1.0, abs(checksum))
-    return {"seconds": seconds, "ok": ok}
 
 
 # -- start-up ------------------------------------------------------------------
@@ -146,7 +86,7 @@ class Trivial(Dataset):
         return torch.tensor(index)
 
 
-def startup(kind: str, workers: int) -> Callable[[dict], Measure]:
+def startup(kind: str, workers: int) -> Setup:
     def setup(params: dict) -> Measure:
         build = loader_kinds()[kind]
 
@@ -166,36 +106,7 @@ def startup(kind: str, workers: int) -> Callable[[dict], Measure]:
 # -- zarr through zarrs ----------------------------------------------------------
 
 
-class ZarrRows(Dataset):
-    """The row sums of blocks of 64 rows (one chunk row: 4 compressed chunks) of a zarr array.
-
-    Items are reduced, as a real pipeline's crops or features are, so that the
-    epoch measures decoding rather than moving raw blocks between processes.
-
-    Opened in __init__ as users write it; ``open_in_parent=False`` opens it
-    lazily in each process instead (the parent then never creates zarrs' pool).
-    """
-
-    def __init__(self, path: str, rows: int, pipeline: str = ZARRS_PIPELINE, open_in_parent: bool = True) -> None:
-        self.path, self.rows, self.pipeline = path, rows, pipeline
-        self.array, self.pid = (self.open(), os.getpid()) if open_in_parent else (None, None)
-
-    def open(self) -> Any:
-        import zarr
-
-        with zarr.config.set({"codec_pipeline.path": self.pipeline}):
-            return zarr.open_array(self.path, mode="r")
-
-    def __len__(self) -> int:
-        return self.rows // 64
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        if self.array is None:
-            self.array, self.pid = self.open(), os.getpid()
-        return torch.from_numpy(self.array[index * 64:(index + 1) * 64].sum(axis=1, dtype=np.float64))
-
-
-def zarr_contender(kind: str, parent_reads: bool = True, pipeline: str = ZARRS_PIPELINE) -> Callable[[dict], Measure]:
+def zarr_contender(kind: str, parent_reads: bool = True, pipeline: str = ZARRS_PIPELINE) -> Setup:
     def setup(params: dict) -> Measure:
         dataset = ZarrRows(params["zarr"], params["zarr_rows"], pipeline, open_in_parent=parent_reads)
         if parent_reads:
@@ -207,31 +118,6 @@ def zarr_contender(kind: str, parent_reads: bool = True, pipeline: str = ZARRS_P
 
 
 # -- HDF5 and npz --------------------------------------------------------------
-
-
-class Records(Dataset):
-    """Record i of an HDF5 dataset or an npz archive, opened once in __init__ (the natural code)."""
-
-    def __init__(self, fmt: str, path: str, count: int) -> None:
-        self.fmt, self.path, self.count = fmt, path, count
-        self.handle = self.open()
-        self[0]  # the parent reads first
-
-    def open(self):
-        if self.fmt == "h5":
-            import h5py
-
-            return h5py.File(self.path, "r")
-        return np.load(self.path)
-
-    def read(self, handle, index: int) -> np.ndarray:
-        return handle["x"][index] if self.fmt == "h5" else handle[f"m{index}"]
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.read(self.handle, index)))
 
 
 class OpenPerItem(Records):
@@ -260,7 +146,7 @@ class LazyPerWorker(Records):
         return torch.from_numpy(np.asarray(self.read(self.handle, index)))
 
 
-def file_contender(fmt: str, kind: str, dataset_class: type = Records) -> Callable[[dict], Measure]:
+def file_contender(fmt: str, kind: str, dataset_class: type = Records) -> Setup:
     def setup(params: dict) -> Measure:
         dataset = dataset_class(fmt, params[fmt], params["file_items"])
         build = loader_kinds()[kind]
@@ -289,7 +175,7 @@ class Matmul(Dataset):
         return torch.tensor(float(np.abs(product).sum()))
 
 
-def blas_contender(kind: str) -> Callable[[dict], Measure]:
+def blas_contender(kind: str) -> Setup:
     def setup(params: dict) -> Measure:
         dataset = Matmul(params["blas_items"])
         build = loader_kinds()[kind]
@@ -323,7 +209,7 @@ class Tokenize(Dataset):
         return torch.tensor(float(sum(len(token) * n for token, n in counts.items()) + len(counts)))
 
 
-def text_contender(kind: str) -> Callable[[dict], Measure]:
+def text_contender(kind: str) -> Setup:
     def setup(params: dict) -> Measure:
         dataset = Tokenize(params["text_items"])
         build = loader_kinds()[kind]
@@ -359,7 +245,7 @@ class ManyObjects(Dataset):
         return torch.tensor(item["id"])
 
 
-def memory_contender(kind: str, **loader_kwargs: Any) -> Callable[[dict], Measure]:
+def memory_contender(kind: str, **loader_kwargs: Any) -> Setup:
     def setup(params: dict) -> Measure:
         import psutil
 
@@ -385,12 +271,10 @@ def memory_contender(kind: str, **loader_kwargs: Any) -> Callable[[dict], Measur
 
 # -- the table of scenarios -----------------------------------------------------------
 
-SLOW_STARTS = ("spawn", "forkserver", "forkserver+preload")
 
-
-def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
+def scenarios() -> dict[str, dict[str, Setup]]:
     """scenario -> contender -> setup. Every scenario has a "safeloader" contender (the ratio base)."""
-    table: dict[str, dict[str, Callable[[dict], Measure]]] = {}
+    table: dict[str, dict[str, Setup]] = {}
     for workers in (1, 2, 4):
         table[f"first batch, {workers} worker{'s' if workers > 1 else ''}"] = {
             kind: startup(kind, workers) for kind in loader_kinds() if kind not in ("num_workers=0", *THREADS)
@@ -409,10 +293,9 @@ def scenarios() -> dict[str, dict[str, Callable[[dict], Measure]]]:
             "lazy per worker, fork": file_contender(fmt, "torch fork", LazyPerWorker),
             "safeloader": file_contender(fmt, "safeloader"),
         }
-    from . import scenarios_handles, scenarios_polars, scenarios_steady
-
     table.update(scenarios_handles.table())
     table.update(scenarios_polars.table())
+    table.update(scenarios_executors.table())
     table.update(scenarios_steady.table())
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
     table["Python-heavy transform (holds the GIL)"] = {

@@ -9,7 +9,6 @@ environment is made on first use in each process (a pid check).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-Measure = Callable[[], dict]
+from .contenders import Measure, Setup, epoch, loader_kinds
 
 
 def write_lmdb(directory: Path, records: np.ndarray) -> str:
@@ -77,10 +76,8 @@ class Handle(Dataset):
         return torch.from_numpy(np.frombuffer(body, np.uint8).astype(np.float64))
 
 
-def handle_contender(kind: str, loader_kind: str, lazy: bool = False) -> Callable[[dict], Measure]:
+def handle_contender(kind: str, loader_kind: str, lazy: bool = False) -> Setup:
     def setup(params: dict) -> Measure:
-        from . import scenarios
-
         if kind == "lmdb":
             # A copy per contender: the slots torch's workers leak in the reader table
             # (a file shared by every process opening the database) would fill it for all.
@@ -96,15 +93,14 @@ def handle_contender(kind: str, loader_kind: str, lazy: bool = False) -> Callabl
             server = Server(lifetime=3600).start()
             source, count, checksum = server.base, COUNT, float(server.data.sum(dtype=np.int64))
         dataset = Handle(kind, source, count, lazy=lazy)
-        build = scenarios.loader_kinds()[loader_kind]
+        build = loader_kinds()[loader_kind]
         generator = torch.Generator().manual_seed(0)
-        return lambda: scenarios.epoch(build, dataset, checksum, batch_size=16, num_workers=2, shuffle=True,
-                                       generator=generator)
+        return lambda: epoch(build, dataset, checksum, batch_size=16, num_workers=2, shuffle=True, generator=generator)
 
     return setup
 
 
-def table() -> dict[str, dict[str, Callable[[dict], Measure]]]:
+def table() -> dict[str, dict[str, Setup]]:
     labels = {"requests": "HTTP keep-alive (requests.Session)", "fsspec": "fsspec HTTP filesystem",
               "lmdb": "LMDB read-only environment"}
     return {

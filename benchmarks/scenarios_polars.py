@@ -11,7 +11,6 @@ process (``prepare_elsewhere``: the same query in a helper process) so that fork
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -21,7 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-Measure = Callable[[], dict]
+from .contenders import PRELOAD, THREADS, Measure, Setup, epoch, loader_kinds
+
 FILES = 64
 FILE_ROWS = 20_000
 GROUPS = 16
@@ -78,20 +78,16 @@ class ParquetGroups(Dataset):
         return torch.from_numpy(sums.to_numpy().astype(np.float64))
 
 
-def polars_contender(kind: str, prepare_elsewhere: bool = False) -> Callable[[dict], Measure]:
+def polars_contender(kind: str, prepare_elsewhere: bool = False) -> Setup:
     def setup(params: dict) -> Measure:
-        from . import scenarios
-
         dataset = ParquetGroups(params["parquet"], params["polars_rows"], params["polars_items"], prepare_elsewhere)
-        build = scenarios.loader_kinds(preload=[*scenarios.PRELOAD, "polars", __name__])[kind]
-        return lambda: scenarios.epoch(build, dataset, params["polars_checksum"], batch_size=8, num_workers=2)
+        build = loader_kinds(preload=[*PRELOAD, "polars", __name__])[kind]
+        return lambda: epoch(build, dataset, params["polars_checksum"], batch_size=8, num_workers=2)
 
     return setup
 
 
-def table() -> dict[str, dict[str, Callable[[dict], Measure]]]:
-    from .scenarios import THREADS
-
+def table() -> dict[str, dict[str, Setup]]:
     return {
         "polars, parent ran a group_by first": {
             **{kind: polars_contender(kind) for kind in ("torch fork", "spawn", "forkserver+preload")},

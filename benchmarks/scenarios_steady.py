@@ -11,11 +11,13 @@ logs does. An epoch is then at least the steps' time; what it takes beyond that
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from .contenders import THREADS, Measure, Setup, loader_kinds
+from .data import Records, ZarrRows
 
 STEP_SECONDS = 0.02  # the training step, per batch
 PASSES_SCALE = {"tiny": 0.01, "quick": 0.25, "full": 1.0}  # of the full run's 1024+ batches (20 s of steps)
@@ -43,16 +45,14 @@ def train_step(seconds: float) -> None:
         pass
 
 
-def steady_contender(data: str, kind: str) -> Callable[[dict], Callable[[], dict]]:
-    def setup(params: dict) -> Callable[[], dict]:
-        from . import scenarios
-
+def steady_contender(data: str, kind: str) -> Setup:
+    def setup(params: dict) -> Measure:
         if data == "zarr":
-            base: Dataset = scenarios.ZarrRows(params["zarr"], params["zarr_rows"])
+            base: Dataset = ZarrRows(params["zarr"], params["zarr_rows"])
             base[0]  # the parent's read, as in the zarr scenario
             batch, checksum = 4, params["zarr_checksum"]
         else:
-            base = scenarios.Records(data, params[data], params["file_items"])
+            base = Records(data, params[data], params["file_items"])
             batch, checksum = 16, params["file_checksum"]
         batches = max(4, round(1024 * PASSES_SCALE[params["scale"]]))
         times = max(1, -(-batches * batch // len(base)))  # type: ignore[arg-type]
@@ -60,7 +60,7 @@ def steady_contender(data: str, kind: str) -> Callable[[dict], Callable[[], dict
         kwargs: dict[str, Any] = {"batch_size": batch, "num_workers": 2}
         if kind == "safeloader" or kind.startswith("torch"):
             kwargs["persistent_workers"] = True
-        loader = scenarios.loader_kinds()[kind](dataset, **kwargs)
+        loader = loader_kinds()[kind](dataset, **kwargs)
 
         def measure() -> dict:
             start = time.perf_counter()
@@ -82,9 +82,7 @@ def steady_contender(data: str, kind: str) -> Callable[[dict], Callable[[], dict
     return setup
 
 
-def table() -> dict[str, dict[str, Callable[[dict], Callable[[], dict]]]]:
-    from .scenarios import THREADS
-
+def table() -> dict[str, dict[str, Setup]]:
     contenders = ("num_workers=0", *THREADS, "safeloader")
     return {
         f"steady state, GIL-held step per batch: {label}": {kind: steady_contender(data, kind) for kind in contenders}

@@ -27,6 +27,8 @@ from .common import summarize
 MARKER = "@@result "
 SETUP_DEADLINE = 180.0
 MIN_DEADLINE = 60.0
+# Figures some scenarios add to their results beside "seconds"; a contender's entry gets their median.
+EXTRA_FIGURES = ("worker_uss_mb", "first_batch_s")
 
 
 @dataclass
@@ -120,15 +122,17 @@ def start_child(contender: str, module: str, *args: str, quiet: bool = True) -> 
 
 def summarize_child(child: Child) -> dict:
     """A contender's entry in the suite's JSON: its status and samples, the statistics of
-    their seconds (:func:`benchmarks.common.summarize`), whether every result was correct."""
+    their seconds (:func:`benchmarks.common.summarize`), whether every result was correct,
+    and the median of each of the ``EXTRA_FIGURES`` its results report."""
     timed = [s for s in child.samples if "seconds" in s]
     entry: dict = {"status": child.status, "samples": child.samples}
     entry.update(summarize([s.get("seconds") for s in child.samples]))
     if timed:
         entry["correct"] = all(s.get("ok", False) for s in timed)
-        extra = [s["worker_uss_mb"] for s in timed if s.get("worker_uss_mb") is not None]
-        if extra:
-            entry["worker_uss_mb"] = statistics.median(extra)
+        for figure in EXTRA_FIGURES:
+            extra = [s[figure] for s in timed if s.get(figure) is not None]
+            if extra:
+                entry[figure] = statistics.median(extra)
     return entry
 
 
@@ -155,14 +159,17 @@ def run_scenario(name: str, contenders: list[str], params_path: str, repeats: in
             child.close()
     results = {child.contender: summarize_child(child) for child in children}
     base = results.get("safeloader", {}).get("median")
+    first_base = results.get("safeloader", {}).get("first_batch_s")
     for entry in results.values():
         if base and entry.get("median"):
             entry["ratio_to_safeloader"] = entry["median"] / base
+        if first_base and entry.get("first_batch_s"):
+            entry["first_batch_ratio_to_safeloader"] = entry["first_batch_s"] / first_base
     return results
 
 
 def run_suite(scale: str, repeats: int, only: list[str] | None = None, skip: list[str] | None = None) -> dict:
-    from . import common, scenarios
+    from . import common, data, scenarios
 
     table = scenarios.scenarios()
     names = [n for n in table if not only or any(o.lower() in n.lower() for o in only)]
@@ -189,7 +196,7 @@ def run_suite(scale: str, repeats: int, only: list[str] | None = None, skip: lis
     print(file=sys.stderr)
     return {
         "machine": common.machine(),
-        "config": {"scale": scale, "repeats": repeats, "sizes": scenarios.sizes(scale)},
+        "config": {"scale": scale, "repeats": repeats, "sizes": data.sizes(scale)},
         "elapsed_s": time.monotonic() - started,
         "scenarios": results,
     }

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.scenarios import THREADS
+from benchmarks.contenders import THREADS
 from benchmarks.threads import SpdlLoader, ThreadPoolLoader
 
 from .subproc import run_python
@@ -64,6 +64,30 @@ sys.exit(main(["--tiny", "--repeats", "1", "--only", "first batch, 1", "npz", "P
     assert data["scenarios"]["npz opened in __init__"]["spawn"]["status"].startswith("error: ")
     assert output.with_suffix(".png").stat().st_size > 1000
     assert "| **safeloader** |" in result.stdout
+
+
+def test_executors_scenario_reports_epoch_and_first_batch_side_by_side(tmp_path):
+    # torch's fork with the parent's executor hangs (60 s deadline), spawn and forkserver start slowly: left out.
+    output = tmp_path / "suite.json"
+    result = run_python(
+        f"""
+import sys
+from benchmarks.__main__ import main
+sys.exit(main(["--tiny", "--repeats", "1", "--only", "ThreadPoolExecutor made in __init__",
+               "--skip", "torch fork", "spawn", "forkserver", "SPDL", "--output", {str(output)!r}]))
+""",
+        timeout=120,
+        cwd=str(ROOT),
+    )
+    assert not result.timed_out and result.returncode == 0, str(result)
+    [contenders] = json.loads(output.read_text())["scenarios"].values()
+    assert list(contenders) == ["lazy per worker, fork", "num_workers=0", THREADS[0], "safeloader"]
+    for name, entry in contenders.items():
+        assert entry["status"] == "ok" and entry["correct"], (name, entry)
+        assert 0 < entry["first_batch_s"] <= entry["median"], (name, entry)
+        assert entry["first_batch_ratio_to_safeloader"] > 0, (name, entry)
+    assert contenders["safeloader"]["first_batch_ratio_to_safeloader"] == pytest.approx(1.0)
+    assert "first batch" in result.stdout
 
 
 class Squares(Dataset):
