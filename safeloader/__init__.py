@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ._unsafe_fork import UnsafeForkWarning
     from .backends import register as register_backend
     from .backends._backend import Backend
+    from .native_libraries import Library
     from .watchdog import WorkerStallError
 
     DataLoader = SafeDataLoader
@@ -65,6 +66,7 @@ _LAZY = {
     "WorkerStallError": (".watchdog", "WorkerStallError"),
     "UnsafeForkWarning": ("._unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
+    "Library": (".native_libraries", "Library"),
     "register_backend": (".backends", "register"),
 }
 
@@ -93,6 +95,7 @@ __all__ = [
     "ForkContext",
     "Hook",
     "HookError",
+    "Library",
     "Options",
     "RegistrationError",
     "SafeDataLoader",

@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import _registry, _stacks, native
+from . import _registry, _stacks, native, native_libraries
 from ._stacks import NativeThread, PythonThread
 from ._torch_internals import WORKER_LOOP_NAMES
-from .hook_names import H5PY, THREADPOOLS, ZARRS
 
 PYTHON_DUMP_WAIT = 3.0
 NATIVE_TOTAL_WAIT = 8.0
@@ -154,29 +153,26 @@ def _python_files(report: StallReport) -> list[str]:
     return [f for thread in report.python_threads for f, _, _ in thread.frames]
 
 
+def _known_library(libraries: set[str], symbols: list[str], files: list[str]) -> native_libraries.Known | None:
+    """The library with words for a stall (a backend's ``Library.stall``) that the worker's stacks
+    are in: its native libraries, the packages of its Python frames, GNU OpenMP's symbols (a libgomp
+    without its file name). The first in the table's order when several are."""
+    found = [native_libraries.entry(path)[0] for path in libraries]
+    found += [native_libraries.entry(file)[0] for file in files if _is_library_code(file)]
+    if any(symbol.lower().startswith("gomp") for symbol in symbols):
+        found.append(native_libraries.known("libgomp.so", "libgomp"))
+    table = native_libraries.entries()
+    stalls = [known for known in found if known is not None and known.stall]
+    return min(stalls, key=table.index) if stalls else None
+
+
 def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
     libraries, symbols, files = _libraries(report), _symbols(report), _python_files(report)
     main_files = [f for f, _, _ in (report.main_thread.frames if report.main_thread else [])]
-    if any(f"{os.sep}zarrs{os.sep}" in path for path in [*files, *libraries]):
-        return (
-            "zarrs/rayon: the worker waits for rayon's global thread pool (zarrs decodes every multi-chunk read "
-            "there). The parent created that pool before the fork (it opened or read an array with zarrs), and "
-            "a forked child has the pool's bookkeeping but none of its threads, so the job never runs. "
-            f"Fix: {_hook_state(ZARRS, watch)}, or safeloader.configure(zarrs_mode='serial')."
-        )
-    if any("libgomp" in lib for lib in libraries) or any(s.lower().startswith(("gomp_", "gomp")) for s in symbols):
-        return (
-            "GNU OpenMP (libgomp): the worker entered an OpenMP parallel region after the parent had run one; "
-            "libgomp's thread pool does not survive fork and the region waits forever. "
-            f"Fix: {_hook_state(THREADPOOLS, watch)}, or keep the worker single-threaded (torch.set_num_threads(1), "
-            "threadpoolctl.threadpool_limits(1))."
-        )
-    if any("hdf5" in lib.lower() for lib in libraries) or any(f"{os.sep}h5py{os.sep}" in f for f in main_files):
-        return (
-            "HDF5: the worker waits in h5py/HDF5, most likely on HDF5's global lock, held by another parent "
-            "thread at the moment of the fork, or on a file handle inherited from the parent. "
-            f"Fix: {_hook_state(H5PY, watch)}; do not use h5py from other threads while workers start."
-        )
+    known = _known_library(libraries, symbols, files)
+    if known is not None:
+        fix = _hook_state(known.by, watch) + (f", or {known.remedy}" if known.remedy else "")
+        return f"{known.label}: {known.stall} Fix: {fix}."
     main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
     pool = native_pool_cause(main_native, watch)
     if pool is not None:

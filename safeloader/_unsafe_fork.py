@@ -46,7 +46,6 @@ class Hazard:
 
 # Backends whose libraries cope without them (OpenBLAS and torch reset their pools at fork;
 # GNU OpenMP is checked below).
-_SELF_RESETTING_BACKENDS = (hook_names.THREADPOOLS, hook_names.TORCH)
 
 _lock = threading.Lock()
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -78,7 +77,9 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
         if entry.fork == native_libraries.SURVIVES:
             return None
         if entry.fork == native_libraries.HANDLED:
-            if entry.by in _SELF_RESETTING_BACKENDS or _backend_active(entry.by, options):
+            # GNU OpenMP's idle threads are harmless: its hazard, a parallel region the parent ran,
+            # is checked from forkstate's record below (hazards).
+            if entry.alone or _is_gomp(library) or _backend_active(entry.by, options):
                 return None
             note = f"its backend {entry.by!r} is off for this loader"
         else:

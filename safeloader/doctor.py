@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from . import _registry, _stacks, backends, forkstate, native, native_libraries
 from ._options import get_options
-from .hook_names import FILES, H5PY, PIN_MEMORY, THREADPOOLS, TORCH, ZARRS
+from .hook_names import FILES, H5PY, PIN_MEMORY, TORCH
 
 __all__ = ["collect", "doctor", "format_report"]
 
@@ -119,28 +119,20 @@ def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
     return {} if watchdog.in_watched_worker() else _stacks.own_thread_libraries(tids)
 
 
-def _classify(libraries: list[str], waits_in: str | None, name: str = "") -> str:
+def _classify(libraries: list[str], waits_in: str | None, name: str = "") -> tuple[str, str | None]:
+    """(how reports name the library owning a thread, its shared object) from the libraries on the
+    thread's stack and the one it waits in: the first with an entry in ``native_libraries``."""
     everything = [*libraries, *([waits_in] if waits_in else [])]
     for path in everything:
-        base = os.path.basename(path).lower()
-        if f"{os.sep}zarrs{os.sep}" in path:
-            return "zarrs (rayon pool)"
-        if base.startswith("libgomp"):
-            return "GNU OpenMP (libgomp)"
-        if "openblas" in base:
-            return "OpenBLAS"
-        if "hdf5" in base:
-            return "HDF5"
-        if base.startswith(("libiomp", "libomp")):
-            return "LLVM/Intel OpenMP"
-        if base.startswith(("libtorch_cpu", "libc10.")):
-            return "torch (its thread pools)"
+        known, package = native_libraries.entry(path)
+        if known is not None:
+            return known.label or package, path
     if name.startswith("jemalloc_bg_thd"):  # they block signals: no stack, only libc's futex wait
-        return "jemalloc (background threads)"
+        return "jemalloc (background threads)", None
     owner = next(iter(everything), None)
     if owner is None:
-        return "unknown library"
-    return _runtime_owner(owner) or os.path.basename(owner)
+        return "unknown library", None
+    return _runtime_owner(owner) or os.path.basename(owner), owner
 
 
 def _runtime_owner(path: str) -> str | None:
@@ -267,13 +259,12 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
     forkserver = "start the workers with on_unsafe_fork='forkserver' (per loader or safeloader.configure)"
     libraries = thread_libraries(t.tid for t in state.native_threads)
     groups: dict[str, list[forkstate.ForeignThread]] = {}
+    paths: dict[str, str] = {}  # each owner's shared object, for the table of native libraries
     for thread in state.native_threads:
-        groups.setdefault(_classify(libraries.get(thread.tid, []), thread.library, thread.name), []).append(thread)
-    paths: dict[str, str] = {}  # an unknown owner's shared object, for the table of native libraries
-    for thread in state.native_threads:
-        found = [*libraries.get(thread.tid, []), *([thread.library] if thread.library else [])]
-        if found:
-            paths.setdefault(_classify(libraries.get(thread.tid, []), thread.library, thread.name), found[0])
+        owner, path = _classify(libraries.get(thread.tid, []), thread.library, thread.name)
+        groups.setdefault(owner, []).append(thread)
+        if path is not None:
+            paths.setdefault(owner, path)
     for owner, threads in sorted(groups.items()):
         known = native_libraries.known(paths[owner]) if owner in paths else None
         if known is not None and known.fork == native_libraries.SURVIVES:
@@ -285,52 +276,19 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
             f"{len(tids)} native thread(s) of {owner} (tids {', '.join(map(str, tids[:8]))}"
             f"{', ...' if len(tids) > 8 else ''}{'; named ' + ', '.join(names[:8]) if names else ''})"
         )
-        if owner.startswith("zarrs"):
-            hook_or_break(
-                "pool",
-                "zarrs' rayon pool",
-                f"zarrs' rayon pool: {what}. Inherited without its threads, multi-chunk reads would hang",
-                ZARRS,
-                _does(ZARRS).replace("(zarrs_mode)", f"(zarrs_mode={options.zarrs_mode!r})"),
-                forkserver,
-            )
-        elif owner.startswith("GNU OpenMP"):
-            hook_or_break(
-                "pool",
-                "GNU OpenMP (libgomp)",
-                f"GNU OpenMP pool: {what}. A worker running a parallel region with >1 thread would hang",
-                THREADPOOLS,
-                "each worker runs GNU OpenMP with 1 thread (other pools: the thread budget)",
-                "keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn), or " + forkserver,
-            )
-        elif owner in ("OpenBLAS", "LLVM/Intel OpenMP"):
-            if _hook_runs(THREADPOOLS):
+        if known is not None and known.fork == native_libraries.HANDLED:
+            hazard = f" {known.hazard}" if known.hazard else ""
+            if _hook_runs(known.by) or not known.alone:
+                alternative = f"{known.remedy}, or {forkserver}" if known.remedy else forkserver
+                hook_or_break("pool", owner, f"{owner}: {what}.{hazard}", known.by, _does(known.by), alternative)
+            else:  # fork-safe by itself: its backend only limits it
                 add(
                     "pool",
                     owner,
-                    f"{owner} pool: {what}. Fork-safe (it restarts its threads in a child)",
-                    "handled",
-                    f"hook {THREADPOOLS!r}: {_does(THREADPOOLS)}",
-                )
-            else:
-                add(
-                    "pool",
-                    owner,
-                    f"{owner} pool: {what}. Fork-safe (it restarts its threads in a child), but "
-                    "every worker would use all cores",
+                    f"{owner}: {what}. Fork-safe ({known.alone}), but every worker would use all cores",
                     "harmless",
-                    f"{owner} starts its threads again in a child; to cap each worker's threads, "
-                    + _remedy(THREADPOOLS),
+                    f"{owner}: {known.alone}; to cap each worker's threads, " + _remedy(known.by),
                 )
-        elif owner.startswith("torch"):
-            add(
-                "native threads",
-                owner,
-                f"torch's thread pools: {what}",
-                "harmless",
-                "torch's own fork handlers (pthread_atfork) mark its pools unusable in a child, which starts new "
-                "ones on first use",
-            )
         elif owner.startswith("jemalloc"):
             add(
                 "native threads",
@@ -339,16 +297,6 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 "harmless",
                 "jemalloc's own fork handlers (pthread_atfork): a worker's allocator is consistent and starts "
                 "its own background threads",
-            )
-        elif owner.endswith(("rayon pool", "tokio runtime")):
-            library = owner.split("'", 1)[0]
-            hook_or_break(
-                "pool",
-                owner,
-                f"{owner}: {what}. Inherited without its threads, its first parallel call would hang",
-                library,
-                _does(library),
-                forkserver,
             )
         else:
             if known is not None and known.fork == native_libraries.ABORTS:

@@ -1,4 +1,5 @@
-"""What safeloader knows about native libraries whose threads a forked worker does not get.
+"""What safeloader knows about native libraries whose threads a forked worker does not get: one
+table, read by the fork-time check (``_unsafe_fork``), ``doctor`` and the stall report.
 
 How it works and why: docs/internals.md, ``safeloader.native_libraries``.
 """
@@ -9,7 +10,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["KNOWN", "Known", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes"]
+__all__ = [
+    "KNOWN", "Known", "Library", "entries", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes",
+]
 
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
 SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
@@ -28,28 +31,68 @@ class Known:
     """The library's own fork-safe setting, where it has one."""
     since: str = ""
     """For SURVIVES: the first release of the package that does (older ones are unknown)."""
+    label: str = ""
+    """How reports name it ("GNU OpenMP (libgomp)"); '' for the package's name."""
+    hazard: str = ""
+    """What a forked worker suffers from it when nothing handles it, in a sentence."""
+    stall: str = ""
+    """Why a worker waiting inside it is stuck, for the stall report."""
+    alone: str = ""
+    """For HANDLED: why it is fork-safe even without its backend ('' when it is not)."""
 
     def applies(self, package: str) -> bool:
         """Whether the installed ``package`` is at least ``since`` (read from its metadata once)."""
         return not self.since or _at_least(package, self.since)
 
 
-_handled: dict[str, Known] = {}  # backend name -> its HANDLED entry (``handled_by``)
+@dataclass(frozen=True)
+class Library:
+    """A native library a backend makes safe in forked workers (``Backend.libraries``)."""
+
+    names: tuple[str, ...]
+    """File-name prefixes of its shared objects ("libgomp"), or its Python package's name."""
+    label: str = ""
+    """How reports name it; '' for its package's name."""
+    hazard: str = ""
+    """What a forked worker would suffer from it without the backend."""
+    stall: str = ""
+    """Why a worker waiting inside it is stuck (the stall report adds how to fix it)."""
+    alone: str = ""
+    """Why it is fork-safe even without the backend, if it is (the backend only limits it)."""
+    remedy: str = ""
+    """What else the user can do, besides turning the backend on."""
 
 
-def handled_by(backend: str, libraries: tuple[str, ...]) -> None:
-    """Record that the backend ``backend`` resets ``libraries`` (file-name prefixes of shared objects,
-    or package names) in each worker: their threads are not a hazard while its hook runs. Each
+_handled: dict[str, tuple[Known, ...]] = {}  # backend name -> its HANDLED entries (``handled_by``)
+
+
+def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
+    """Record that the backend ``backend`` makes ``libraries`` safe in each worker (a ``Library``, or
+    a file-name prefix or package name): their threads are not a hazard while its hook runs. Each
     backend declares its own (``Backend.libraries``); registering it again replaces them."""
-    if libraries:
-        _handled[backend] = Known(libraries, HANDLED, backend)
-    else:
-        _handled.pop(backend, None)
+    entries = []
+    for library in libraries:
+        if isinstance(library, str):
+            library = Library((library,))
+        entries.append(
+            Known(
+                library.names, HANDLED, backend, library.remedy, label=library.label, hazard=library.hazard,
+                stall=library.stall, alone=library.alone,
+            )
+        )
+    _handled[backend] = tuple(entries)
 
 
 KNOWN: tuple[Known, ...] = (
     # What is known of libraries no backend handles; the handled ones come from their backends.
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
+    Known(
+        ("libtorch", "libc10"),
+        SURVIVES,
+        "torch's own fork handlers (pthread_atfork) mark its pools unusable in a child, which starts new ones "
+        "on first use",
+        label="torch (its thread pools)",
+    ),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
     Known(
@@ -142,11 +185,16 @@ def entry(path: str) -> tuple[Known | None, str]:
     return found, package
 
 
+def entries() -> tuple[Known, ...]:
+    """The whole table, in the order entries are matched: the backends' (in registration order), then ``KNOWN``."""
+    return (*(known for entries in _handled.values() for known in entries), *KNOWN)
+
+
 def known(path: str, package: str | None = None) -> Known | None:
     """The entry for the shared object ``path`` (shipped by ``package``), if any applies."""
     base = os.path.basename(path)
     package = package or package_of(path)
-    for entry in (*_handled.values(), *KNOWN):
+    for entry in entries():
         if (base.startswith(entry.names) or package in entry.names) and entry.applies(package):
             return entry
     return None

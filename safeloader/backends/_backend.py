@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from .. import _registration, native_libraries
 from .._options import Options
+from ..native_libraries import Library
 
 _PHASES = ("before", "after_in_parent", "after_in_child")
 
@@ -35,9 +36,10 @@ class Backend:
     """Among the hooks nearest the fork: ``after_*`` before the plain hooks', ``before`` after theirs."""
     runs_after: ClassVar[tuple[str, ...]] = ()
     """Hooks whose ``after_*`` callbacks run before this one's (its ``before`` runs before theirs)."""
-    libraries: ClassVar[tuple[str, ...]] = ()
-    """The native libraries whose threads it makes safe in each worker: file-name prefixes of their
-    shared objects ("libgomp") or their package names. The fork-time check, ``doctor`` and the stall
+    libraries: ClassVar[tuple[Library | str, ...]] = ()
+    """The native libraries whose threads it makes safe in each worker: a ``safeloader.Library``
+    (names, how reports call it, what goes wrong without the backend), or just a file-name prefix of
+    the shared objects ("libgomp") or a package name. The fork-time check, ``doctor`` and the stall
     report then count those threads as handled by this backend, not as an unknown pool."""
 
     def before(self) -> Any:

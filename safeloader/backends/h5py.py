@@ -13,6 +13,7 @@ from typing import Any
 from .. import _registry, hook_names
 from .._options import Options
 from .._registry import fork_context
+from ..native_libraries import Library
 from . import _reopen
 from ._backend import Backend
 
@@ -194,6 +195,15 @@ class H5pyBackend(Backend):
     first = True
     runs_after = (hook_names.SOCKETS,)
     requires = ("h5py",)
+    libraries = (
+        Library(
+            ("libhdf5", "h5py"),
+            label="HDF5",
+            stall="the worker waits in h5py/HDF5, most likely on HDF5's global lock, held by another parent "
+            "thread at the moment of the fork, or on a file handle inherited from the parent.",
+            remedy="do not use h5py from other threads while workers start",
+        ),
+    )
 
     def __init__(self) -> None:
         self.writable: Inodes = frozenset()

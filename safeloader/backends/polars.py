@@ -15,6 +15,7 @@ from types import ModuleType
 from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._registry import fork_context
+from ..native_libraries import Library
 from . import _extension_copy, polars_objects
 from ._backend import Backend
 from .polars_objects import PolarsInheritedObjectError
@@ -79,7 +80,13 @@ class PolarsBackend(Backend):
     name = hook_names.POLARS
     description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
     requires = ("polars",)
-    libraries = ("polars", "_polars_runtime")
+    libraries = (
+        Library(
+            ("polars", "_polars_runtime"),
+            label="polars' rayon pool and tokio runtime",
+            hazard="Inherited without its threads, its first parallel call would hang",
+        ),
+    )
 
     def __init__(self) -> None:
         # What this process knows, filled in the parent under setup_lock; each fork's own

@@ -15,6 +15,7 @@ from typing import Any
 from .. import _registry, forkstate, hook_names
 from .._options import Options
 from .._registry import fork_context
+from ..native_libraries import Library
 from ._backend import Backend
 
 NAME = hook_names.THREADPOOLS
@@ -253,7 +254,17 @@ class ThreadpoolsBackend(Backend):
     name = hook_names.THREADPOOLS
     description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
     libraries = (
-        "libgomp", "libomp", "libiomp", "libopenblas", "libscipy_openblas", "libmkl", "libblis", "libflexiblas",
+        Library(
+            ("libgomp",),
+            label="GNU OpenMP (libgomp)",
+            hazard="A worker running a parallel region with >1 thread would hang",
+            stall="the worker entered an OpenMP parallel region after the parent had run one; libgomp's thread "
+            "pool does not survive fork and the region waits forever.",
+            remedy="keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn)",
+        ),
+        Library(("libopenblas", "libscipy_openblas"), label="OpenBLAS", alone="it restarts its threads in a child"),
+        Library(("libomp", "libiomp"), label="LLVM/Intel OpenMP", alone="it restarts its threads in a child"),
+        Library(("libmkl", "libblis", "libflexiblas"), alone="it restarts its threads in a child"),
     )
 
     def __init__(self) -> None:

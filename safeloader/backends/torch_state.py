@@ -59,7 +59,6 @@ class TorchBackend(Backend):
     name = hook_names.TORCH
     description = 'a worker that touches CUDA/XPU initialised in the parent gets a clear error'
     requires = ("torch",)
-    libraries = ("libtorch", "libc10")  # and torch's own at-fork handler
 
     def before(self) -> tuple[str, ...]:
         """The accelerators the parent initialised: the worker refuses them."""

@@ -16,6 +16,7 @@ from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._options import ZARRS_MODES
 from .._registry import fork_context
+from ..native_libraries import Library
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from ._backend import Backend
 from .zarrs_layout import SUPPORTED_VERSIONS
@@ -45,7 +46,17 @@ class ZarrsBackend(Backend):
     name = hook_names.ZARRS
     description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
     requires = ("zarrs",)
-    libraries = ("zarrs",)
+    libraries = (
+        Library(
+            ("zarrs",),
+            label="zarrs' rayon pool",
+            hazard="Inherited without its threads, multi-chunk reads would hang",
+            stall="the worker waits for rayon's global thread pool (zarrs decodes every multi-chunk read there). "
+            "The parent created that pool before the fork (it opened or read an array with zarrs), and a forked "
+            "child has the pool's bookkeeping but none of its threads, so the job never runs.",
+            remedy="safeloader.configure(zarrs_mode='serial')",
+        ),
+    )
 
     def __init__(self) -> None:
         # What this process knows, filled in the parent under setup_lock (checks once, one copy).
