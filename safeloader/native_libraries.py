@@ -40,6 +40,8 @@ KNOWN: tuple[Known, ...] = (
     Known(("libtorch", "libc10"), HANDLED, "torch"),  # and torch's own at-fork handler
     Known(("polars", "_polars_runtime"), HANDLED, "polars"),
     Known(("zarrs",), HANDLED, "zarrs"),
+    Known(("blosc2",), HANDLED, "blosc2"),  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2
+    Known(("av",), HANDLED, "pyav"),  # PyAV's FFmpeg (av.libs), not FFmpeg libraries other packages ship
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
