@@ -138,7 +138,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if watch is not None and start_method == "fork":
             watch.lacking = lacking
             watch.lacking_pools = frozenset(hazard.library for hazard in lacking)
-            watch.find_lacking_pools = functools.partial(_unsafe_fork.hazards, options)
+            watch.find_lacking_pools = functools.partial(_unsafe_fork.hazards, options, loader)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

@@ -81,7 +81,7 @@ _child_resets: list[Callback] = []  # reset_in_child
 __all__ = [
     "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names", "disable", "disarm",
     "enable", "fork_context", "fork_memo", "get_hook", "hook_runs", "hooks", "installed", "is_interrupt", "plan_of",
-    "register_at_fork", "reset_in_child", "set_installed", "unregister",
+    "register_at_fork", "reset_in_child", "set_installed", "set_plan", "unregister",
 ]
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
@@ -107,6 +107,15 @@ def plan_of(name: str) -> Any:
     """In a fork's hooks on the forking thread (parent), or in the worker's: the plan that the
     backend ``name``'s ``before`` returned for this fork; None if it has none (did not run)."""
     return getattr(_local, "plans", _NO_PLANS).get(name)
+
+
+def set_plan(name: str, plan: Any) -> None:
+    """In the backend ``name``'s ``before``: make ``plan`` this fork's plan now, before changing
+    anything it must undo, so that ``after_in_parent`` gets it even if ``before`` then raises or is
+    interrupted (what ``before`` returns replaces it when it completes)."""
+    plans = getattr(_local, "plans", _NO_PLANS)
+    if plans is not _NO_PLANS:
+        plans[name] = plan
 
 
 def fork_memo(key: str, make: Callable[[], T]) -> T:

@@ -19,7 +19,7 @@ from ._backend import Backend
 # Modules under safeloader.backends, registered in this order at import of safeloader.
 BUILTIN: tuple[str, ...] = (
     "zarrs", "polars", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
-    "threadpools", "executors", "torch_state", "gc_freeze", "pin_memory",
+    "threadpools", "executors", "torch_state", "gc_freeze", "pin_memory", "blosc2", "pyav",
 )
 
 _backends: list[Backend] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .. import _registration, native_libraries
+from .. import _registration, _registry, native_libraries
 from .._options import Options
 from ..native_libraries import Library
 
@@ -46,6 +46,11 @@ class Backend:
         """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
         return None
 
+    def set_plan(self, plan: Any) -> None:
+        """In ``before``: make ``plan`` this fork's plan at once, so that ``after_in_parent`` can
+        undo what ``before`` changes even if ``before`` then raises or is interrupted."""
+        _registry.set_plan(self.name, plan)
+
     def after_in_parent(self, plan: Any) -> None:
         """In the parent, right after the fork (also after a ``before`` that raised or was
         interrupted: ``plan`` is then None); undo what ``before`` changed. Must be idempotent."""
@@ -56,6 +61,11 @@ class Backend:
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         """In the parent, before ``loader`` starts workers with ``start_method`` ("fork", "spawn",
         "forkserver"): checks that must fail before any worker exists, pickling support for spawn."""
+
+    def handles(self, loader: Any) -> bool:
+        """Whether, while its hook runs, it makes ``libraries`` safe for ``loader``'s workers: always,
+        by default. One that only reopens what the Dataset holds says so where it found something."""
+        return True
 
     def status(self) -> str:
         """How the backend stands in this process, in words, for ``doctor``; '' for nothing to add."""

@@ -1,0 +1,229 @@
+"""blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers.
+
+What holds threads. C-Blosc2 (3.3, linked statically into ``blosc2_ext``) runs its threads in
+shared pools, one per thread count, each counting the contexts attached to it: the global
+context (``blosc2.set_nthreads(n)`` attaches it at once) and each compression or decompression
+context with ``nthreads > 1``, attached at its first use. Every SChunk (every NDArray has one)
+holds two contexts whose ``nthreads`` come from its ``cparams``/``dparams`` (default
+``blosc2.nthreads``, the number of cores); ``blosc2.compress``/``decompress`` use a temporary
+context, which attaches to the pool of its thread count for the call. A pool is shut down (its
+threads woken and joined) when its last context detaches. A forked worker inherits the pools
+as registered but without their threads: any context of the same thread count, old or new,
+queues its blocks there and waits forever (torch's loader hangs in ``pthread_cond_wait``).
+Nothing can clean such a pool up in the child: shutting it down broadcasts to and destroys
+condition variables whose waiters were the parent's threads (glibc waits for them to leave).
+
+So, before each worker fork, the parent detaches every context from its pool, so that the
+pools are shut down while their threads still exist: the global context with
+``set_nthreads(1)``, and each SChunk with ``nthreads > 1`` by setting its ``cparams``/``dparams``
+to 1 thread (which replaces its contexts). The SChunks are the Dataset's (found at the start),
+or, when blosc2's threads are still there after those (an array held elsewhere in the
+program), every SChunk of the process (a scan of the garbage collector's objects, done once
+per start). After the fork the parent gets its settings back (the global context starts its
+pool again at once; an SChunk's contexts at their next use) and the worker gets the same
+settings limited to its thread budget (``thread_budget``, default cores // workers), on pools
+it starts itself; ``blosc2.nthreads``, the default for new arrays and calls, is limited too.
+If blosc2's threads outlive all that (a context safeloader cannot reach, or one another thread
+is using right now), the start fails with ``Blosc2PoolError`` rather than hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _registry, hook_names
+from .._options import Options
+from .._registry import fork_context
+from ._backend import Backend
+from .lmdb import find_environments
+
+NAME = hook_names.BLOSC2
+
+__all__ = ["BACKEND", "NAME", "Blosc2PoolError"]
+
+_EXTENSION = "blosc2_ext"
+"""C-Blosc2's threads wait in this extension module (the C library is linked into it)."""
+_EXIT_WAIT = 0.05
+"""Seconds a joined thread may still be listed by the kernel before it counts as alive."""
+
+
+class Blosc2PoolError(RuntimeError):
+    """blosc2's threads could not be stopped before a DataLoader worker fork."""
+
+
+@dataclass
+class _Plan:
+    """One fork's: what the parent lowered before it, and what the worker sets from it."""
+
+    global_threads: int
+    """The parent's global context's threads (``blosc2.set_nthreads``), lowered to 1."""
+    default_threads: int
+    """``blosc2.nthreads``: new arrays' and ``compress``/``decompress``'s threads."""
+    budget: int
+    """The worker's thread budget."""
+    lowered: list[tuple[Any, int, int]] = field(default_factory=list)
+    """(SChunk, its cparams' threads, its dparams' threads), lowered to 1 thread."""
+
+
+def _unique(schunks: Any) -> list[Any]:
+    return list({id(schunk): schunk for schunk in schunks}.values())
+
+
+def _lower(schunks: list[Any], plan: _Plan) -> None:
+    """Set each SChunk that uses threads to 1 thread (noted in ``plan``); its contexts detach from their pools."""
+    import blosc2
+
+    done = {id(entry[0]) for entry in plan.lowered}
+    for schunk in schunks:
+        if id(schunk) in done:
+            continue
+        cthreads, dthreads = schunk.cparams.nthreads, schunk.dparams.nthreads
+        if cthreads <= 1 and dthreads <= 1:
+            continue
+        plan.lowered.append((schunk, cthreads, dthreads))
+        if cthreads > 1:
+            schunk.cparams = dataclasses.replace(schunk.cparams, nthreads=1)
+        if dthreads > 1:
+            schunk.dparams = blosc2.DParams(nthreads=1)
+
+
+def _set_threads(schunk: Any, cthreads: int, dthreads: int) -> None:
+    import blosc2
+
+    if schunk.cparams.nthreads != cthreads:
+        schunk.cparams = dataclasses.replace(schunk.cparams, nthreads=cthreads)
+    if schunk.dparams.nthreads != dthreads:
+        schunk.dparams = blosc2.DParams(nthreads=dthreads)
+
+
+def _pool_threads() -> int:
+    """How many of this process's threads wait in C-Blosc2 (a joined thread can stay listed for
+    a moment after its join: looked at again for up to ``_EXIT_WAIT`` seconds)."""
+    from .. import native, thread_owners
+
+    deadline = time.monotonic() + _EXIT_WAIT
+    while True:
+        owners = thread_owners.owners(native.thread_census().foreign).values()
+        count = sum(1 for path in owners if path and os.path.basename(path).startswith(_EXTENSION))
+        if not count or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.002)
+
+
+def _all_schunks(schunk_type: type) -> list[Any]:
+    """Every SChunk of the process (by type, never ``isinstance``: a proxy's ``__class__`` runs code).
+
+    Objects frozen with ``gc.freeze()`` are not listed by the collector: they are unfrozen for
+    the scan and frozen again (with the young objects: freezing is only a performance hint)."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        objects = gc.get_objects()
+    finally:
+        if frozen:
+            gc.freeze()
+    hits: dict[type, bool] = {}
+    found = []
+    for obj in objects:
+        cls = type(obj)
+        hit = hits.get(cls)
+        if hit is None:
+            hit = hits[cls] = issubclass(cls, schunk_type)
+        if hit:
+            found.append(obj)
+    return found
+
+
+class Blosc2Backend(Backend):
+    name = hook_names.BLOSC2
+    description = "blosc2's thread pools are stopped around each fork; each worker starts its own, within the budget"
+    requires = ("blosc2",)
+    # Its `before` scans the heap when it must: before the "gc" backend freezes it.
+    runs_after = (hook_names.GC,)
+    libraries = ("blosc2",)  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2
+
+    def __init__(self) -> None:
+        # loader -> the SChunks to lower before each of its worker forks (the Dataset's, at its
+        # start; all the process's once one was needed).
+        self._schunks: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        if "blosc2" not in sys.modules or loader is None:
+            return
+        if start_method != "fork" or not _registry.hook_runs(NAME, options):
+            self._schunks.pop(loader, None)
+            return
+        from blosc2 import blosc2_ext
+
+        found = find_environments(getattr(loader, "dataset", None), blosc2_ext.SChunk)
+        self._schunks[loader] = _unique(schunk for _holder, _key, schunk in found)
+
+    def before(self) -> _Plan | None:
+        context = fork_context()
+        if context is None:
+            return None
+        import blosc2
+        from blosc2 import blosc2_ext
+
+        budget = context.options.threads_per_worker(context.num_workers)
+        # The plan is this fork's before anything is lowered: after_in_parent restores what was,
+        # whatever stops `before` (an error, an interrupt).
+        plan = _Plan(1, int(blosc2.nthreads), budget)
+        self.set_plan(plan)
+        plan.global_threads = int(blosc2_ext.set_nthreads(1))
+        loader = context.loader
+        known = self._schunks.get(loader, []) if loader is not None else []
+        _lower(known, plan)
+        if not _pool_threads():
+            return plan
+        everything = _all_schunks(blosc2_ext.SChunk)  # an array held outside the Dataset keeps a pool
+        _lower(everything, plan)
+        if loader is not None:
+            try:
+                self._schunks[loader] = everything  # this start's later forks lower them all at once
+            except TypeError:  # a loader that cannot be weakly referenced
+                pass
+        left = _pool_threads()
+        if left:
+            raise Blosc2PoolError(
+                f"safeloader: blosc2 still runs {left} thread(s) after every blosc2 context it can reach was set "
+                "to 1 thread, so a forked DataLoader worker using blosc2 would wait forever: a context held by "
+                "other native code keeps a C-Blosc2 pool, or another thread is compressing or decompressing right "
+                "now. Use blosc2 with 1 thread in the parent (blosc2.set_nthreads(1), nthreads=1 in "
+                "cparams/dparams), open the arrays in the workers, or pass on_unsafe_fork='forkserver' with "
+                "disable_hooks=('blosc2',)"
+            )
+        return plan
+
+    def after_in_parent(self, plan: _Plan | None) -> None:
+        if plan is None:
+            return
+        from blosc2 import blosc2_ext
+
+        # Idempotent: run again if an interrupt cut it short.
+        for schunk, cthreads, dthreads in plan.lowered:
+            _set_threads(schunk, cthreads, dthreads)
+        blosc2_ext.set_nthreads(plan.global_threads)
+
+    def after_in_child(self, plan: _Plan | None) -> None:
+        if plan is None:
+            return
+        import blosc2
+        from blosc2 import blosc2_ext
+
+        budget = plan.budget
+        for schunk, cthreads, dthreads in plan.lowered:
+            _set_threads(schunk, min(cthreads, budget), min(dthreads, budget))
+        blosc2_ext.set_nthreads(min(plan.global_threads, budget))
+        blosc2.nthreads = min(plan.default_threads, budget)
+
+
+BACKEND = Blosc2Backend()

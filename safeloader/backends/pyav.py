@@ -1,0 +1,203 @@
+"""PyAV: the containers a Dataset opened in the parent decode in forked workers.
+
+A decoder with threading (``stream.thread_type = "AUTO"``, "FRAME" or "SLICE") starts its
+FFmpeg threads when it opens, at its first decode: a forked worker inherits the decoder without
+them, and its next decode waits forever for a frame thread (torch's loader hangs in
+libavcodec). Even closing or freeing such a decoder in the worker waits forever: FFmpeg joins
+its threads and destroys condition variables the parent's threads were waiting on.
+
+So each worker opens its own copy of every input container the Dataset holds (the same file or
+file object, with the same format and options), gives each of the copy's streams the thread
+settings of the parent's (``thread_type``, ``thread_count``) and the codec options, and puts
+the copy where the parent's was: in the Dataset's attributes, lists and dicts, the container
+and any stream or codec context taken from it. The worker's decoders then start their own
+threads. The inherited objects are kept, unused, for the worker's life: freeing them would wait
+for the parent's threads. The copy starts at the beginning of the file (a Dataset seeks before
+it decodes, as a worker of torch's would have to for a correct read).
+
+Why a reopen rather than stopping the decoders' threads around each fork: PyAV has no call that
+stops a decoder's threads and keeps it; closing and reopening the parent's decoders at every
+fork would lose their state (a parent decoding meanwhile would need to seek again), where a
+reopen in the worker leaves the parent untouched and costs the worker one open of each file.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any, cast
+
+from .. import _registry, hook_names
+from .._options import Options
+from .._registry import fork_context
+from ._backend import Backend
+from .lmdb import find_environments
+
+NAME = hook_names.PYAV
+
+__all__ = ["BACKEND", "NAME"]
+
+
+@dataclass(frozen=True)
+class _Reopen:
+    """How a worker opens its copy of one input container."""
+
+    container: Any
+    """The parent's."""
+    file: Any
+    """Its path (or URL), or the file object it reads."""
+    keywords: dict[str, Any]
+    """``av.open``'s other arguments, as the parent's were."""
+    streams: tuple[tuple[int, Any, int, dict[str, str]], ...]
+    """(index, thread_type, thread_count, codec options) of each stream."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A loader's, made at its start: what its forked workers reopen and where they put it."""
+
+    reopens: tuple[_Reopen, ...]
+    places: tuple[tuple[Any, Any, Any, Any, int | None, bool], ...]
+    """(holder, key, the parent's object held there, its container, its stream's index (None for the
+    container itself), whether it is that stream's codec context)."""
+
+
+def make_plan(root: Any) -> _Plan | None:
+    """What a worker reopens for the Dataset ``root``: every open input container it holds (directly,
+    or through a stream or codec context of it), or None when it holds none."""
+    from av.codec.context import CodecContext
+    from av.container import InputContainer
+    from av.stream import Stream
+
+    found = find_environments(root, cast(type, (InputContainer, Stream, CodecContext)))  # isinstance takes a tuple
+    containers: dict[int, Any] = {}
+    for _holder, _key, obj in found:
+        container = obj if isinstance(obj, InputContainer) else getattr(obj, "container", None)
+        if isinstance(container, InputContainer):
+            containers[id(container)] = container
+    contexts = {
+        id(stream.codec_context): (container, stream.index)
+        for container in containers.values()
+        for stream in container.streams
+        if stream.codec_context is not None
+    }
+    places = []
+    for holder, key, obj in found:
+        if isinstance(obj, CodecContext):  # one of no container found is not reopened
+            container, index = contexts.get(id(obj), (None, None))
+        elif isinstance(obj, InputContainer):
+            container, index = obj, None
+        else:
+            container, index = getattr(obj, "container", None), obj.index
+        if isinstance(container, InputContainer) and _is_open(container):
+            places.append((holder, key, obj, container, index, isinstance(obj, CodecContext)))
+    reopens = tuple(_reopen_of(container) for container in containers.values() if _is_open(container))
+    return _Plan(reopens, tuple(places)) if reopens else None
+
+
+def _is_open(container: Any) -> bool:
+    try:
+        container.duration  # noqa: B018  (a closed container raises AssertionError)
+    except Exception:
+        return False
+    return True
+
+
+def _reopen_of(container: Any) -> _Reopen:
+    # A container reading a file object holds it in a PyIOFile (``.file``).
+    file = container.file.file if container.file is not None else container.name
+    keywords: dict[str, Any] = {
+        "mode": "r",
+        # The demuxer the parent's probe found (its first name: "mov" of "mov,mp4,m4a,3gp,3g2,mj2").
+        "format": container.format.name.split(",")[0],
+        "options": dict(container.options),
+        "container_options": dict(container.container_options),
+        "stream_options": [dict(options) for options in container.stream_options],
+        "metadata_encoding": container.metadata_encoding,
+        "metadata_errors": container.metadata_errors,
+        "timeout": (container.open_timeout, container.read_timeout),
+        "io_open": container.io_open,
+    }  # not readable, so not kept: buffer_size (the default is used) and hwaccel
+    streams = tuple(
+        (
+            stream.index,
+            stream.codec_context.thread_type,
+            stream.codec_context.thread_count,
+            dict(stream.codec_context.options),
+        )
+        for stream in container.streams
+        if stream.codec_context is not None
+    )
+    return _Reopen(container, file, keywords, streams)
+
+
+def _open(reopen: _Reopen, av: Any) -> Any:
+    file = reopen.file
+    if not isinstance(file, str) and hasattr(file, "seek"):
+        file.seek(0)  # the worker's copy of a file object (its own descriptor: the "files" backend)
+    container = av.open(file, **reopen.keywords)
+    for index, thread_type, thread_count, options in reopen.streams:
+        codec_context = container.streams[index].codec_context
+        codec_context.thread_type = thread_type
+        codec_context.thread_count = thread_count
+        if options:
+            codec_context.options = dict(options)
+    return container
+
+
+class PyavBackend(Backend):
+    name = hook_names.PYAV
+    description = "each worker opens its own copy of the PyAV input containers the Dataset holds (threaded decoders)"
+    # Reopens once "files" gave the worker its own descriptors (a container reading a file object).
+    first = True
+    runs_after = (hook_names.FILES,)
+    requires = ("av",)
+    libraries = ("av",)  # PyAV's FFmpeg (av.libs), not FFmpeg libraries other packages ship
+
+    def __init__(self) -> None:
+        self._plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()  # loader -> its plan
+        self._inherited: list[Any] = []  # in a worker: the parent's objects, never freed there
+
+    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
+        if "av" not in sys.modules or loader is None:
+            return
+        if start_method != "fork" or not _registry.hook_runs(NAME, options):
+            self._plans.pop(loader, None)
+            return
+        plan = make_plan(getattr(loader, "dataset", None))
+        if plan is None:
+            self._plans.pop(loader, None)
+        else:
+            self._plans[loader] = plan
+
+    def handles(self, loader: Any) -> bool:
+        # FFmpeg's threads are safe only where they belong to containers the Dataset holds.
+        return make_plan(getattr(loader, "dataset", None)) is not None
+
+    def before(self) -> _Plan | None:
+        context = fork_context()
+        loader = context.loader if context is not None else None
+        return self._plans.get(loader) if loader is not None else None
+
+    def after_in_child(self, plan: _Plan | None) -> None:
+        if plan is None:
+            return
+        import av
+
+        self._inherited.extend(reopen.container for reopen in plan.reopens)
+        fresh = {id(reopen.container): _open(reopen, av) for reopen in plan.reopens}
+        for holder, key, obj, container, index, is_codec_context in plan.places:
+            self._inherited.append(obj)
+            replacement = fresh[id(container)]
+            if index is not None:
+                replacement = replacement.streams[index]
+                if is_codec_context:
+                    replacement = replacement.codec_context
+            if isinstance(holder, (list, dict)):
+                holder[key] = replacement
+            else:
+                holder.__dict__[key] = replacement
+
+
+BACKEND = PyavBackend()
