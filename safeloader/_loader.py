@@ -74,6 +74,10 @@ def resolve_options(loader: Any) -> Options:
     return get_options().replace(**overrides) if overrides else get_options()
 
 
+def _lacking_pools(options: Options, loader: weakref.ref[Any]) -> list[_unsafe_fork.Hazard]:
+    return _unsafe_fork.hazards(options, loader())
+
+
 def _fork_is_default() -> bool:
     """Whether torch would fork workers when given no context (False on 3.14+)."""
     return torch.multiprocessing.get_context().get_start_method() == "fork"
@@ -138,7 +142,8 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if watch is not None and start_method == "fork":
             watch.lacking = lacking
             watch.lacking_pools = frozenset(hazard.library for hazard in lacking)
-            watch.find_lacking_pools = functools.partial(_unsafe_fork.hazards, options, loader)
+            # The loader weakly: the watch lives in its iterator, which a persistent loader holds.
+            watch.find_lacking_pools = functools.partial(_lacking_pools, options, weakref.ref(loader))
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

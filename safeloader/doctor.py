@@ -272,20 +272,23 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
             continue
         tids = [t.tid for t in threads]
         names = sorted({t.name for t in threads} - UNNAMED)
-        what = (
-            f"{len(tids)} native thread(s) of {owner} (tids {', '.join(map(str, tids[:8]))}"
-            f"{', ...' if len(tids) > 8 else ''}{'; named ' + ', '.join(names[:8]) if names else ''})"
+        listed = (
+            f"(tids {', '.join(map(str, tids[:8]))}{', ...' if len(tids) > 8 else ''}"
+            f"{'; named ' + ', '.join(names[:8]) if names else ''})"
         )
+        what = f"{len(tids)} native thread(s) of {owner} {listed}"
         if known is not None and known.fork == native_libraries.HANDLED:
             hazard = f" {known.hazard}" if known.hazard else ""
             if _hook_runs(known.by) or not known.alone:
                 alternative = f"{known.remedy}, or {forkserver}" if known.remedy else forkserver
-                hook_or_break("pool", owner, f"{owner}: {what}.{hazard}", known.by, _does(known.by), alternative)
+                what = f"{owner}: {len(tids)} native thread(s) {listed}.{hazard}"
+                hook_or_break("pool", owner, what, known.by, _does(known.by), alternative)
             else:  # fork-safe by itself: its backend only limits it
                 add(
                     "pool",
                     owner,
-                    f"{owner}: {what}. Fork-safe ({known.alone}), but every worker would use all cores",
+                    f"{owner}: {len(tids)} native thread(s) {listed}. Fork-safe ({known.alone}), but every "
+                    "worker would use all cores",
                     "harmless",
                     f"{owner}: {known.alone}; to cap each worker's threads, " + _remedy(known.by),
                 )

@@ -123,7 +123,8 @@ def test_doctor_warns_with_a_remedy_for_gnu_openmp_without_the_threadpools_backe
     warnings = _items(_section(out, BREAKS))
     assert len(warnings) == 1, out
     item, remedy = warnings[0]
-    assert item.startswith("  [WARN] GNU OpenMP pool"), out
+    assert item.startswith("  [WARN] GNU OpenMP (libgomp): 1 native thread(s) (tids"), out
+    assert "A worker running a parallel region with >1 thread would hang" in item, out
     assert remedy.strip().startswith("remedy: remove 'threadpools' from safeloader.configure(disable_hooks=...)"), out
     assert "torch.set_num_threads(1)" in remedy and "on_unsafe_fork='forkserver'" in remedy, out
     last = out.strip().splitlines()[-1]

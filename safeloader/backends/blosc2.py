@@ -1,30 +1,6 @@
 """blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers.
 
-What holds threads. C-Blosc2 (3.3, linked statically into ``blosc2_ext``) runs its threads in
-shared pools, one per thread count, each counting the contexts attached to it: the global
-context (``blosc2.set_nthreads(n)`` attaches it at once) and each compression or decompression
-context with ``nthreads > 1``, attached at its first use. Every SChunk (every NDArray has one)
-holds two contexts whose ``nthreads`` come from its ``cparams``/``dparams`` (default
-``blosc2.nthreads``, the number of cores); ``blosc2.compress``/``decompress`` use a temporary
-context, which attaches to the pool of its thread count for the call. A pool is shut down (its
-threads woken and joined) when its last context detaches. A forked worker inherits the pools
-as registered but without their threads: any context of the same thread count, old or new,
-queues its blocks there and waits forever (torch's loader hangs in ``pthread_cond_wait``).
-Nothing can clean such a pool up in the child: shutting it down broadcasts to and destroys
-condition variables whose waiters were the parent's threads (glibc waits for them to leave).
-
-So, before each worker fork, the parent detaches every context from its pool, so that the
-pools are shut down while their threads still exist: the global context with
-``set_nthreads(1)``, and each SChunk with ``nthreads > 1`` by setting its ``cparams``/``dparams``
-to 1 thread (which replaces its contexts). The SChunks are the Dataset's (found at the start),
-or, when blosc2's threads are still there after those (an array held elsewhere in the
-program), every SChunk of the process (a scan of the garbage collector's objects, done once
-per start). After the fork the parent gets its settings back (the global context starts its
-pool again at once; an SChunk's contexts at their next use) and the worker gets the same
-settings limited to its thread budget (``thread_budget``, default cores // workers), on pools
-it starts itself; ``blosc2.nthreads``, the default for new arrays and calls, is limited too.
-If blosc2's threads outlive all that (a context safeloader cannot reach, or one another thread
-is using right now), the start fails with ``Blosc2PoolError`` rather than hang.
+How it works and why: docs/internals.md, ``safeloader.backends.blosc2``.
 """
 
 from __future__ import annotations

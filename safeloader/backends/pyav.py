@@ -1,24 +1,6 @@
 """PyAV: the containers a Dataset opened in the parent decode in forked workers.
 
-A decoder with threading (``stream.thread_type = "AUTO"``, "FRAME" or "SLICE") starts its
-FFmpeg threads when it opens, at its first decode: a forked worker inherits the decoder without
-them, and its next decode waits forever for a frame thread (torch's loader hangs in
-libavcodec). Even closing or freeing such a decoder in the worker waits forever: FFmpeg joins
-its threads and destroys condition variables the parent's threads were waiting on.
-
-So each worker opens its own copy of every input container the Dataset holds (the same file or
-file object, with the same format and options), gives each of the copy's streams the thread
-settings of the parent's (``thread_type``, ``thread_count``) and the codec options, and puts
-the copy where the parent's was: in the Dataset's attributes, lists and dicts, the container
-and any stream or codec context taken from it. The worker's decoders then start their own
-threads. The inherited objects are kept, unused, for the worker's life: freeing them would wait
-for the parent's threads. The copy starts at the beginning of the file (a Dataset seeks before
-it decodes, as a worker of torch's would have to for a correct read).
-
-Why a reopen rather than stopping the decoders' threads around each fork: PyAV has no call that
-stops a decoder's threads and keeps it; closing and reopening the parent's decoders at every
-fork would lose their state (a parent decoding meanwhile would need to seek again), where a
-reopen in the worker leaves the parent untouched and costs the worker one open of each file.
+How it works and why: docs/internals.md, ``safeloader.backends.pyav``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ Prints the items, or hangs (the worker waits for the import lock of a thread it 
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -15,7 +14,10 @@ import torch
 import safeloader
 
 which, directory = sys.argv[1], Path(sys.argv[2])
-(directory / "slow_to_import.py").write_text("import time\ntime.sleep(1.5)\nVALUE = 7\n")
+# The module says when its import has begun (an event of this script's), then takes 1.5 s.
+(directory / "slow_to_import.py").write_text(
+    "import sys, time\nsys.modules['__main__'].importing.set()\ntime.sleep(1.5)\nVALUE = 7\n"
+)
 sys.path.insert(0, str(directory))
 
 
@@ -29,9 +31,10 @@ class ImportsInTheWorker(torch.utils.data.Dataset):
         return slow_to_import.VALUE + index
 
 
+importing = threading.Event()
 importer = threading.Thread(target=lambda: __import__("slow_to_import"))
 importer.start()
-time.sleep(0.3)  # the thread is inside the import now
+assert importing.wait(30)  # the thread is inside the import now
 loader_class = torch.utils.data.DataLoader if which == "torch" else safeloader.DataLoader
 print(list(loader_class(ImportsInTheWorker(), batch_size=None, num_workers=1)), flush=True)
 importer.join()

@@ -8,7 +8,6 @@ module, by process id), then the warnings, one per line.
 import os
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -18,7 +17,10 @@ import safeloader
 from safeloader import _import_locks
 
 directory = Path(sys.argv[1])
-(directory / "very_slow_to_import.py").write_text("import os, time\ntime.sleep(2)\nPID = os.getpid()\n")
+# The module says when its import has begun (an event of this script's), then takes 2 s.
+(directory / "very_slow_to_import.py").write_text(
+    "import os, sys, time\nsys.modules['__main__'].importing.set()\ntime.sleep(2)\nPID = os.getpid()\n"
+)
 sys.path.insert(0, str(directory))
 _import_locks.IMPORT_WAIT_SECONDS = 0.3
 
@@ -34,9 +36,10 @@ class ImportsInTheWorker(torch.utils.data.Dataset):
         return f"{index} imported in its worker"
 
 
+importing = threading.Event()
 importer = threading.Thread(target=lambda: __import__("very_slow_to_import"))
 importer.start()
-time.sleep(0.3)  # the thread is inside the import now
+assert importing.wait(30)  # the thread is inside the import now
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     print(sorted(safeloader.DataLoader(ImportsInTheWorker(), batch_size=None, num_workers=2)), flush=True)
