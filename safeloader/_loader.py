@@ -15,7 +15,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch.multiprocessing
 from torch.utils.data import DataLoader as _TorchDataLoader
 
 from . import _abandoned_locks, _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
@@ -80,12 +79,11 @@ def _lacking_pools(options: Options, loader: weakref.ref[Any]) -> list[_unsafe_f
 
 def _fork_is_default() -> bool:
     """Whether torch would fork workers when given no context (False on 3.14+)."""
-    return torch.multiprocessing.get_context().get_start_method() == "fork"
+    return _torch_internals.fork_is_default()
 
 
 def _start_method(loader: Any) -> str:
-    context = loader.multiprocessing_context
-    return (context or torch.multiprocessing.get_context()).get_start_method()
+    return _torch_internals.start_method(loader.multiprocessing_context)
 
 
 _start_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
@@ -130,11 +128,10 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
     # interrupt cut it short.
     watch = arming = iterator = failure = None
     try:
-        if user_context is None and sys.platform.startswith("linux") and not _fork_is_default():
-            # Python 3.14 made forkserver the default; a user who set a start
-            # method explicitly with set_start_method() keeps it.
-            if torch.multiprocessing.get_start_method(allow_none=True) is None:
-                object.__setattr__(loader, "multiprocessing_context", "fork")
+        # Python 3.14 made forkserver the default: forked on Linux all the same, unless the user set
+        # a start method explicitly with set_start_method() (the rule: safeloader_start_method).
+        if user_context is None and not _fork_is_default() and _torch_internals.safeloader_start_method() == "fork":
+            object.__setattr__(loader, "multiprocessing_context", "fork")
         # May raise, or switch to forkserver (on_unsafe_fork); else the pools the workers will lack.
         lacking = _unsafe_fork.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)

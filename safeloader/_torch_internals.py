@@ -116,6 +116,44 @@ def uses_thread_workers(loader: object) -> bool:
 
 PIN_MEMORY_MODULE = "torch.utils.data._utils.pin_memory"
 """Where torch's pin-memory thread's ``pin_memory`` function lives (the pin-memory fork gate wraps it)."""
+ACCELERATORS = ("cuda", "xpu")
+"""torch's accelerator modules whose state a forked child cannot use."""
+
+
+def initialised_accelerators() -> tuple[str, ...]:
+    """Accelerators torch has initialised in this process ("cuda", "xpu"); nothing is imported."""
+    names = []
+    for name in ACCELERATORS:
+        module = sys.modules.get(f"torch.{name}")
+        if module is not None and module.is_initialized():
+            names.append(name)
+    return tuple(names)
+
+
+def start_method(context: Any = None) -> str:
+    """The start method torch's loader uses with ``multiprocessing_context=context``."""
+    import torch.multiprocessing
+
+    return (context or torch.multiprocessing.get_context()).get_start_method()
+
+
+def fork_is_default() -> bool:
+    """Whether torch would fork workers when given no context (False on 3.14+)."""
+    return start_method() == "fork"
+
+
+def safeloader_start_method(context: Any = None) -> str:
+    """The start method a safeloader loader with ``multiprocessing_context=context`` uses: on Linux,
+    fork unless a context or a process-wide start method was set (torch's default otherwise)."""
+    import torch.multiprocessing
+
+    if context is None and sys.platform.startswith("linux") and torch.multiprocessing.get_start_method(
+        allow_none=True
+    ) is None:
+        return "fork"
+    return start_method(context)
+
+
 LAZY_INIT = "_lazy_init"
 """An accelerator module's (``torch.cuda``...) initialisation on first use, refused in forked workers."""
 GET_ITERATOR = "_get_iterator"

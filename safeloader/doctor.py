@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, _stacks, backends, forkstate, native, native_libraries
+from . import _registry, _stacks, _torch_internals, backends, forkstate, native, native_libraries
 from ._options import get_options
 from .hook_names import FILES, H5PY, PIN_MEMORY, TORCH
 
@@ -54,10 +54,8 @@ def _start_method() -> dict[str, Any]:
     import torch.multiprocessing
 
     explicit = torch.multiprocessing.get_start_method(allow_none=True)
-    default = torch.multiprocessing.get_context().get_start_method()
-    on_linux = sys.platform.startswith("linux")
-    # The same rule as safeloader's loader (_loader.start_armed).
-    safeloader_uses = "fork" if on_linux and explicit is None else default
+    default = _torch_internals.start_method()
+    safeloader_uses = _torch_internals.safeloader_start_method()  # the loader's own rule
     why = (
         "safeloader forks workers on Linux unless a start method was set explicitly"
         if safeloader_uses == "fork" and default != "fork"

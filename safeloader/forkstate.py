@@ -12,7 +12,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
-from . import _loader_lock, native
+from . import _loader_lock, _torch_internals, native
 
 __all__ = ["ForkState", "ForeignThread", "Pool", "parent_state", "record", "register", "snapshot"]
 
@@ -248,12 +248,7 @@ def _torch_facts() -> tuple[tuple[str, ...], int | None]:
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "get_num_threads"):  # not imported, or mid-import
         return (), None
-    accelerators = []
-    for name in ("cuda", "xpu"):
-        module = sys.modules.get(f"torch.{name}")
-        if module is not None and module.is_initialized():
-            accelerators.append(name)
-    return tuple(accelerators), torch.get_num_threads()
+    return _torch_internals.initialised_accelerators(), torch.get_num_threads()
 
 
 def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:

@@ -10,27 +10,16 @@ from typing import Any, NoReturn
 
 from .. import hook_names
 from .._registry import fork_context
-from .._torch_internals import LAZY_INIT
+from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ._backend import Backend
 
 NAME = hook_names.TORCH
-ACCELERATORS = ("cuda", "xpu")
 
 __all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators"]
 
 
 class ForkedAcceleratorError(RuntimeError):
     """A forked DataLoader worker used an accelerator the parent had initialised."""
-
-
-def initialised_accelerators() -> tuple[str, ...]:
-    """Accelerators torch has initialised in this process ("cuda", "xpu")."""
-    names = []
-    for name in ACCELERATORS:
-        module = sys.modules.get(f"torch.{name}")
-        if module is not None and module.is_initialized():
-            names.append(name)
-    return tuple(names)
 
 
 class _RefuseLazyInit:
