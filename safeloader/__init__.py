@@ -47,10 +47,10 @@ def configure(**options: object) -> Options:
 if TYPE_CHECKING:
     from ._install import install, installed, uninstall
     from ._loader import DEFAULT, SafeDataLoader
-    from ._unsafe_fork import UnsafeForkWarning
     from .backends import register as register_backend
     from .backends._backend import Backend
-    from .native_libraries import Library
+    from .diagnostics.native_libraries import Library
+    from .diagnostics.unsafe_fork import UnsafeForkWarning
     from .watchdog import WorkerStallError
 
     DataLoader = SafeDataLoader
@@ -64,9 +64,9 @@ _LAZY = {
     "installed": ("._install", "installed"),
     "doctor": (".doctor", "doctor"),
     "WorkerStallError": (".watchdog", "WorkerStallError"),
-    "UnsafeForkWarning": ("._unsafe_fork", "UnsafeForkWarning"),
+    "UnsafeForkWarning": (".diagnostics.unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
-    "Library": (".native_libraries", "Library"),
+    "Library": (".diagnostics.native_libraries", "Library"),
     "register_backend": (".backends", "register"),
 }
 

@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _abandoned_locks, _registry, _torch_internals, _unsafe_fork, backends, forkstate, watchdog
+from . import _abandoned_locks, _registry, _torch_internals, backends, forkstate, watchdog
 from ._deferred_signals import DeferredSignals
 from ._options import OPTION_NAMES, Options, get_options
+from .diagnostics import unsafe_fork
 from .errors import HookError
 
 
@@ -73,8 +74,8 @@ def resolve_options(loader: Any) -> Options:
     return get_options().replace(**overrides) if overrides else get_options()
 
 
-def _lacking_pools(options: Options, loader: weakref.ref[Any]) -> list[_unsafe_fork.Hazard]:
-    return _unsafe_fork.hazards(options, loader())
+def _lacking_pools(options: Options, loader: weakref.ref[Any]) -> list[unsafe_fork.Hazard]:
+    return unsafe_fork.hazards(options, loader())
 
 
 def _fork_is_default() -> bool:
@@ -133,7 +134,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if user_context is None and not _fork_is_default() and _torch_internals.safeloader_start_method() == "fork":
             object.__setattr__(loader, "multiprocessing_context", "fork")
         # May raise, or switch to forkserver (on_unsafe_fork); else the pools the workers will lack.
-        lacking = _unsafe_fork.apply(loader, options, _start_method(loader))
+        lacking = unsafe_fork.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
         if watch is not None and start_method == "fork":

@@ -16,8 +16,9 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, _stacks, _torch_internals, backends, forkstate, native, native_libraries
+from . import _registry, _torch_internals, backends, forkstate, native
 from ._options import get_options
+from .diagnostics import native_libraries, stacks
 from .hook_names import FILES, H5PY, PIN_MEMORY, TORCH
 
 __all__ = ["collect", "doctor", "format_report"]
@@ -114,7 +115,7 @@ def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
     """
     from . import watchdog
 
-    return {} if watchdog.in_watched_worker() else _stacks.own_thread_libraries(tids)
+    return {} if watchdog.in_watched_worker() else stacks.own_thread_libraries(tids)
 
 
 def _classify(libraries: list[str], waits_in: str | None, name: str = "") -> tuple[str, str | None]:
@@ -135,7 +136,7 @@ def _classify(libraries: list[str], waits_in: str | None, name: str = "") -> tup
 
 def _runtime_owner(path: str) -> str | None:
     """ "polars' rayon pool and tokio runtime" for a library that links such runtimes (any Rust extension)."""
-    from . import native_pools
+    from .diagnostics import native_pools
 
     kinds = native_pools.runtimes(path)
     return native_pools.describe(path, kinds) if kinds else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
-from ._stacks import free_signals
+from .diagnostics.stacks import free_signals
 
 __all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError"]
 
@@ -100,7 +100,7 @@ class Watch:
         self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
         # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
         # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
-        self.lacking: tuple[Any, ...] = ()  # the _unsafe_fork.Hazards the workers were forked with anyway
+        self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
         self.lacking_pools: frozenset[str] = frozenset()
         self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
         self._waits: dict[int, tuple[str, int, float]] = {}
@@ -281,7 +281,7 @@ class Watch:
         whose threads were live in the parent at the fork (``lacking_pools``),
         waits for threads it does not have: nothing in the worker can wake it.
         """
-        from . import thread_owners
+        from .diagnostics import thread_owners
 
         now = time.monotonic()
         found: list[tuple[int, float, float, float, float, float]] = []
@@ -582,9 +582,9 @@ def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]
             success, data = torch_wait(step)
         except RuntimeError as exc:  # torch's "DataLoader worker ... exited unexpectedly / killed by signal"
             if watch.lacking and str(exc).startswith("DataLoader worker"):
-                from . import _unsafe_fork
+                from .diagnostics import unsafe_fork
 
-                raise RuntimeError(f"{exc} {_unsafe_fork.explain_dead_worker(watch.lacking)}") from exc
+                raise RuntimeError(f"{exc} {unsafe_fork.explain_dead_worker(watch.lacking)}") from exc
             raise
         ended = time.monotonic()
         if ended - started > step + max(1.0, step):
@@ -635,13 +635,13 @@ def _check(iterator: Any, watch: Watch) -> None:
         stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
         return
-    from . import _stall_report  # only once a worker stalled
+    from .diagnostics import stall_report  # only once a worker stalled
 
     reports = []
     for worker_id, waited, limit, state, items, batch in stalled:
         pid = workers[worker_id].pid
         flags = watch.ready_flags(worker_id)
-        report = _stall_report.collect(
+        report = stall_report.collect(
             worker_id, pid, waited, limit, state == STARTING, items,
             python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
             native_path=watch.native_stack_path(worker_id, pid) if flags & NATIVE_READY else None,
@@ -654,9 +654,9 @@ def _check(iterator: Any, watch: Watch) -> None:
         report.batch = int(batch)
         reports.append(report)
     _shutdown_now(iterator, watch)
-    message = _stall_report.message(reports, watch)
+    message = stall_report.message(reports, watch)
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
-    error.details = "\n\n".join(_stall_report.details(report) for report in reports)
+    error.details = "\n\n".join(stall_report.details(report) for report in reports)
     raise error
 
 

@@ -37,3 +37,28 @@ print([m for m in {BACKEND_LIBRARIES!r} if m in sys.modules], "torch" in sys.mod
         timeout=60,
     )
     assert result.stdout.strip() == "[] True"
+
+
+def test_every_subpackage_is_packaged():
+    # A subpackage missing from pyproject's list installs nowhere but in an editable checkout.
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    packaged = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(root).parts) for init in (root / "safeloader").rglob("__init__.py")
+    }
+    assert packaged == found
+
+
+def test_every_public_name_resolves():
+    import safeloader
+
+    missing = []
+    for name in safeloader.__all__:
+        try:
+            getattr(safeloader, name)
+        except AttributeError as error:
+            missing.append(f"{name}: {error}")
+    assert missing == []

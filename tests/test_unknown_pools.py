@@ -121,8 +121,8 @@ def test_by_default_a_main_module_forkserver_cannot_run_again_raises(tiny_pool, 
 
 
 def test_a_library_known_to_survive_fork_only_from_a_release_on_is_judged_by_the_installed_one():
-    from safeloader import native_libraries
-    from safeloader.native_libraries import SURVIVES, Known
+    from safeloader.diagnostics import native_libraries
+    from safeloader.diagnostics.native_libraries import SURVIVES, Known
 
     assert Known(("numpy",), SURVIVES, "", since="1.0").applies("numpy")
     assert not Known(("numpy",), SURVIVES, "", since="999.1").applies("numpy")

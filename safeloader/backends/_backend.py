@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .. import _registration, _registry, native_libraries
+from .. import _registration, _registry
 from .._options import Options
-from ..native_libraries import Library
+from ..diagnostics import native_libraries
+from ..diagnostics.native_libraries import Library
 
 _PHASES = ("before", "after_in_parent", "after_in_child")
 

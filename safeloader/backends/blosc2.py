@@ -82,7 +82,8 @@ def _set_threads(schunk: Any, cthreads: int, dthreads: int) -> None:
 def _pool_threads() -> int:
     """How many of this process's threads wait in C-Blosc2 (a joined thread can stay listed for
     a moment after its join: looked at again for up to ``_EXIT_WAIT`` seconds)."""
-    from .. import native, thread_owners
+    from .. import native
+    from ..diagnostics import thread_owners
 
     deadline = time.monotonic() + _EXIT_WAIT
     while True:

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _registry, hook_names
 from .._options import Options
 from .._registry import fork_context
-from ..native_libraries import Library
+from ..diagnostics.native_libraries import Library
 from . import _reopen
 from ._backend import Backend
 

@@ -15,7 +15,7 @@ from types import ModuleType
 from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._registry import fork_context
-from ..native_libraries import Library
+from ..diagnostics.native_libraries import Library
 from . import _extension_copy, polars_objects
 from ._backend import Backend
 from .polars_objects import PolarsInheritedObjectError

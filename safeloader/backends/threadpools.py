@@ -15,7 +15,7 @@ from typing import Any
 from .. import _registry, forkstate, hook_names
 from .._options import Options
 from .._registry import fork_context
-from ..native_libraries import Library
+from ..diagnostics.native_libraries import Library
 from ._backend import Backend
 
 NAME = hook_names.THREADPOOLS

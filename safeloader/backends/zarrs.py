@@ -16,7 +16,7 @@ from .. import _registry, forkstate, hook_names
 from .._imports import modules_state
 from .._options import ZARRS_MODES
 from .._registry import fork_context
-from ..native_libraries import Library
+from ..diagnostics.native_libraries import Library
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from ._backend import Backend
 from .zarrs_layout import SUPPORTED_VERSIONS
@@ -186,7 +186,7 @@ class ZarrsBackend(Backend):
     def runtime_live(self) -> bool:
         """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
         or might have: a native thread whose owner cannot be read counts as one."""
-        from .. import thread_owners
+        from ..diagnostics import thread_owners
 
         state = forkstate.record()
         if self._live_for is not None and self._live_for[0] is state:

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import _registry, _stacks, native, native_libraries
-from ._stacks import NativeThread, PythonThread
-from ._torch_internals import WORKER_LOOP_NAMES
+from .. import _registry, native
+from .._torch_internals import WORKER_LOOP_NAMES
+from . import native_libraries, stacks
+from .stacks import NativeThread, PythonThread
 
 PYTHON_DUMP_WAIT = 3.0
 NATIVE_TOTAL_WAIT = 8.0
@@ -92,11 +93,11 @@ def collect(
     """
     python_text, main_ident = "", None
     if python_path is not None and python_signal:
-        python_text, main_ident = _stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT, python_signal)
-    tids = _stacks.thread_ids(pid)
+        python_text, main_ident = stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT, python_signal)
+    tids = stacks.thread_ids(pid)
     frames = {}
     if native_path is not None and native_signal:
-        frames = _stacks.native_stacks(pid, tids, native_path, time.monotonic() + NATIVE_TOTAL_WAIT, native_signal)
+        frames = stacks.native_stacks(pid, tids, native_path, time.monotonic() + NATIVE_TOTAL_WAIT, native_signal)
     report = StallReport(
         worker_id=worker_id,
         pid=pid,
@@ -104,9 +105,9 @@ def collect(
         limit=limit,
         starting=starting,
         items_done=int(items),
-        python_threads=_stacks.parse_python(python_text, main_ident),
+        python_threads=stacks.parse_python(python_text, main_ident),
         python_text=python_text,
-        native_threads=_stacks.native_threads(pid, tids, frames),
+        native_threads=stacks.native_threads(pid, tids, frames),
         native_available=native_path is not None,
     )
     report.cause = likely_cause(report, watch)
@@ -221,7 +222,7 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
         return None
     from . import native_pools
 
-    library = next((lib for lib, _ in main.frames if not any(s in lib for s in _stacks.SYSTEM_LIBRARIES)), None)
+    library = next((lib for lib, _ in main.frames if not any(s in lib for s in stacks.SYSTEM_LIBRARIES)), None)
     if library is None:
         return None
     kinds = native_pools.runtimes_in_symbols([symbol for lib, symbol in main.frames if lib == library])
@@ -248,10 +249,10 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
 
 def _lacking_threads_cause(library: str) -> str | None:
     """Any library: the worker waits in one whose threads this process (its parent) runs."""
-    from . import _unsafe_fork, native_libraries
+    from . import native_libraries, unsafe_fork
 
     real = os.path.realpath(library)
-    count = sum(n for lib, n in _unsafe_fork._live_libraries().items() if os.path.realpath(lib) == real)
+    count = sum(n for lib, n in unsafe_fork._live_libraries().items() if os.path.realpath(lib) == real)
     if not count:
         return None
     package = native_libraries.package_of(library)
@@ -273,7 +274,7 @@ def _parent_thread_names() -> str:
     except OSError:
         return ""
     for tid in tids:
-        name = _stacks.read_proc(f"/proc/self/task/{tid}/comm")
+        name = stacks.read_proc(f"/proc/self/task/{tid}/comm")
         if name and name not in ("python", "python3", "pt_main_thread"):
             counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
@@ -323,7 +324,7 @@ def _top_named_frame(thread: NativeThread) -> str:
     """Innermost named frame, and the innermost library that is not libc/Python (who is waiting)."""
     named = next(((lib, sym) for lib, sym in thread.frames if not sym.startswith("?")), None)
     text = f"{named[1]} ({short_library(named[0])})" if named else "?"
-    owner = next((lib for lib, _ in thread.frames if not any(s in lib for s in _stacks.SYSTEM_LIBRARIES)), None)
+    owner = next((lib for lib, _ in thread.frames if not any(s in lib for s in stacks.SYSTEM_LIBRARIES)), None)
     if owner is not None and (named is None or owner != named[0]):
         text += f" called from {short_library(owner)}"
     return text

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import native
+from .. import native
 
 
 def signal_is_free(signum: int) -> bool:

@@ -1,6 +1,6 @@
 """``on_unsafe_fork``: what a loader does when its parent holds a pool no backend resets.
 
-How it works and why: docs/internals.md, ``safeloader._unsafe_fork``.
+How it works and why: docs/internals.md, ``safeloader.diagnostics.unsafe_fork``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from . import hook_names, native_libraries
-from ._options import Options
-from .errors import UnsafeForkError
+from .. import hook_names
+from .._options import Options
+from ..errors import UnsafeForkError
+from . import native_libraries
 
 __all__ = ["Hazard", "UnsafeForkWarning", "apply", "hazards"]
 
@@ -54,7 +55,7 @@ _owners: list[str] = []  # packages owning the pools last found: preloaded by th
 
 def _backend_active(name: str, options: Options, loader: Any = None) -> bool:
     """Whether the backend ``name`` runs for a loader with ``options`` (and handles ``loader``'s use)."""
-    from . import _registry, backends
+    from .. import _registry, backends
 
     if not _registry.hook_runs(name, options):
         return False
@@ -64,7 +65,8 @@ def _backend_active(name: str, options: Options, loader: Any = None) -> bool:
 
 def _live_libraries() -> dict[str, int]:
     """Object each live native thread waits in -> how many threads."""
-    from . import native, thread_owners
+    from .. import native
+    from . import thread_owners
 
     counts: dict[str, int] = {}
     for library in thread_owners.owners(native.thread_census().foreign).values():
@@ -126,7 +128,7 @@ def hazards(options: Options, loader: Any = None) -> list[Hazard]:
                 found.append(hazard)
                 _owners.append(hazard.package)
     if not _backend_active(hook_names.THREADPOOLS, options):
-        from . import forkstate
+        from .. import forkstate
 
         state = forkstate.snapshot(pools=False, count_frozen=False)
         for path in state.gomp_live:

@@ -1,6 +1,6 @@
 """Which library owns a native thread pool, and what kind of pool it is: for diagnostics.
 
-How it works and why: docs/internals.md, ``safeloader.native_pools``.
+How it works and why: docs/internals.md, ``safeloader.diagnostics.native_pools``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import mmap
 import os
 import sys
 
-from ._imports import modules_state
+from .._imports import modules_state
 
 __all__ = ["RUNTIME_MARKERS", "describe", "extension_modules", "owner", "runtimes"]
 

@@ -1,7 +1,7 @@
 """What safeloader knows about native libraries whose threads a forked worker does not get: one
-table, read by the fork-time check (``_unsafe_fork``), ``doctor`` and the stall report.
+table, read by the fork-time check (``unsafe_fork``), ``doctor`` and the stall report.
 
-How it works and why: docs/internals.md, ``safeloader.native_libraries``.
+How it works and why: docs/internals.md, ``safeloader.diagnostics.native_libraries``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which shared object started each native thread of this process, read without stopping it.
 
-How it works and why: docs/internals.md, ``safeloader.thread_owners``.
+How it works and why: docs/internals.md, ``safeloader.diagnostics.thread_owners``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class _Segments:
         self.all_ends: list[int] = []
 
     def refresh(self, force: bool = False) -> None:
-        from . import _loader_lock, native
+        from .. import _loader_lock, native
 
         with _loader_lock.section() as release:
             counters, _ = native.loaded_objects(False, release)
