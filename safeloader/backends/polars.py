@@ -95,6 +95,9 @@ class PolarsBackend(Backend):
         self._copy_fd: int | None = None  # a memfd with the runtime's bytes, made once
         self._copy_problem: str | None = None  # why no copy can be made
         self._references: _References | None = None
+        # The last plan, with what it was made from: a loader's forks share one while forkstate's
+        # record is the same object (nothing is allocated, so no page is written, between forks).
+        self._last_plan: tuple[object, int, tuple[int, str, object], Plan] | None = None
         self.worker_runtime: str | None = None
         """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started
         polars' pools); else None."""
@@ -133,8 +136,17 @@ class PolarsBackend(Backend):
         if context is None:
             return None
         threads = context.options.threads_per_worker(context.num_workers)
+        state, modules = forkstate.record(), modules_state()  # an import may add references to move
+        last = self._last_plan
+        if last is not None and last[0] is state and last[1] == threads and last[2] == modules:
+            return last[3]
+        plan = self._plan(state, threads)
+        self._last_plan = (state, threads, modules, plan)
+        return plan
+
+    def _plan(self, state: forkstate.ForkState, threads: int) -> Plan:
         # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
-        if not any(RUNTIME_THREAD.match(thread.name) for thread in forkstate.record().native_threads):
+        if not any(RUNTIME_THREAD.match(thread.name) for thread in state.native_threads):
             return Plan(threads, None)
         with self.setup_lock:
             problem = self._ensure_copy()
