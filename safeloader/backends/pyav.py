@@ -6,7 +6,9 @@ How it works and why: docs/internals.md, ``safeloader.backends.pyav``.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -86,6 +88,17 @@ def _is_open(container: Any) -> bool:
     return True
 
 
+# av.open's keywords that an open container keeps under the same name, and how to copy each.
+_READ_BACK: dict[str, Callable[[Any], Any]] = {
+    "options": dict,
+    "container_options": dict,
+    "stream_options": lambda options: [dict(one) for one in options],
+    "metadata_encoding": lambda value: value,
+    "metadata_errors": lambda value: value,
+    "io_open": lambda value: value,
+}
+
+
 def _reopen_of(container: Any) -> _Reopen:
     # A container reading a file object holds it in a PyIOFile (``.file``).
     file = container.file.file if container.file is not None else container.name
@@ -93,14 +106,11 @@ def _reopen_of(container: Any) -> _Reopen:
         "mode": "r",
         # The demuxer the parent's probe found (its first name: "mov" of "mov,mp4,m4a,3gp,3g2,mj2").
         "format": container.format.name.split(",")[0],
-        "options": dict(container.options),
-        "container_options": dict(container.container_options),
-        "stream_options": [dict(options) for options in container.stream_options],
-        "metadata_encoding": container.metadata_encoding,
-        "metadata_errors": container.metadata_errors,
         "timeout": (container.open_timeout, container.read_timeout),
-        "io_open": container.io_open,
     }  # not readable, so not kept: buffer_size (the default is used) and hwaccel
+    for keyword, copy in _READ_BACK.items():  # each where this PyAV keeps it (19 dropped some)
+        if hasattr(container, keyword):
+            keywords[keyword] = copy(getattr(container, keyword))
     streams = tuple(
         (
             stream.index,
@@ -163,6 +173,7 @@ class PyavBackend(Backend):
         return self._plans.get(loader) if loader is not None else None
 
     def after_in_child(self, plan: _Plan | None) -> None:
+        self._new_reformatters()
         if plan is None:
             return
         import av
@@ -180,6 +191,17 @@ class PyavBackend(Backend):
                 holder[key] = replacement
             else:
                 holder.__dict__[key] = replacement
+
+
+    def _new_reformatters(self) -> None:
+        """PyAV 19+ keeps one swscale context per thread (``av.video.frame._thread_local``), whose
+        scaling threads the parent started: the worker's threads get new ones on first use. The
+        inherited one is kept, never freed (freeing it joins threads this process does not have)."""
+        frame = sys.modules.get("av.video.frame")
+        local = getattr(frame, "_thread_local", None)
+        if local is not None and getattr(local, "reformatter", None) is not None:
+            self._inherited.append(local)
+            frame._thread_local = threading.local()  # type: ignore[union-attr]
 
 
 BACKEND = PyavBackend()

@@ -69,6 +69,8 @@ if __name__ == "__main__":
         del loader
     print("EXPECTED", [(i, total) for i, total in expected])
     for warning in caught:
+        if issubclass(warning.category, DeprecationWarning) and "multi-threaded" in str(warning.message):
+            continue  # Python 3.12+ on any fork with live threads: torch's loader gets it too
         print(f"{warning.category.__name__}: {warning.message}")
     global_threads = blosc2.blosc2_ext.set_nthreads(2)  # the previous value: the parent's, restored
     print("PARENT", float(dataset.array[2].sum()) == float(VALUES[2].sum()), dataset.array.schunk.cparams.nthreads,

@@ -69,6 +69,8 @@ if __name__ == "__main__":
         del loader
     print("EXPECTED", expected)
     for warning in caught:
+        if issubclass(warning.category, DeprecationWarning) and "multi-threaded" in str(warning.message):
+            continue  # Python 3.12+ on any fork with live threads: torch's loader gets it too
         print(f"{warning.category.__name__}: {warning.message}")
     again = [dataset[i][:2] for i in range(6)]
     print("PARENT", again == expected, dataset.stream.codec_context.thread_type.name)

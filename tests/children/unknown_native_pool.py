@@ -73,4 +73,6 @@ if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
         except Exception as exc:
             print(f"{type(exc).__name__}: {exc}", flush=True)
     for warning in caught:
+        if issubclass(warning.category, DeprecationWarning) and "multi-threaded" in str(warning.message):
+            continue  # Python 3.12+ on any fork with live threads: torch's loader gets it too
         print(f"{warning.category.__name__}: {warning.message}")
