@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from .. import hook_names
 from .._options import Options
 from . import _reopen
 from ._backend import Backend
@@ -53,7 +54,7 @@ class NpzBackend(Backend):
     """No fork hook of its own (the "files" hook privatizes the archive's descriptor):
     only pickling support for spawn/forkserver workers."""
 
-    name = "npz"
+    name = hook_names.NPZ
     description = "npz archives opened in the parent are reopened in spawn/forkserver workers"
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
