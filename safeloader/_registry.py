@@ -121,14 +121,14 @@ def set_plan(name: str, plan: Any) -> None:
 def fork_memo(key: str, make: Callable[[], T]) -> T:
     """A fact about the fork whose hooks are running, made once by the first hook to ask and seen by
     every hook of that fork, in the parent and in the worker (a value the parent makes before the fork
-    is inherited). Outside a fork's hooks, ``make()`` every time."""
+    is inherited). Outside a fork's hooks, ``make()`` every time. ``key``: a constant of the caller's,
+    "memo:<what>" (kept beside the hooks' plans, under a name no hook has)."""
     plans = getattr(_local, "plans", _NO_PLANS)
     if plans is _NO_PLANS:
         return make()
-    memo_key = f"memo:{key}"  # beside the hooks' plans, under names no hook has
-    if memo_key not in plans:
-        plans[memo_key] = make()
-    return cast(T, plans[memo_key])
+    if key not in plans:
+        plans[key] = make()
+    return cast(T, plans[key])
 
 
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:

@@ -27,4 +27,7 @@ def scan() -> tuple[Descriptor, ...]:
 def at_fork() -> tuple[Descriptor, ...]:
     """The table for the hooks of the fork under way: listed once per fork, by the parent's first
     ``before`` to ask (the worker inherits that list), else by the worker's first hook to ask."""
-    return _registry.fork_memo("descriptors", scan)
+    return _registry.fork_memo(_MEMO, scan)
+
+
+_MEMO = "memo:descriptors"

@@ -162,15 +162,20 @@ def offsets_at_fork() -> Offsets:
     the worker starts, and its buffered readers (gzip, tarfile, zipfile) would decode from the wrong place."""
     _virtual_device_ids()  # for the child's is_virtual, inherited
     # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
-    return _registry.fork_memo(
-        "offsets", lambda: {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
-    )
+    return _registry.fork_memo(_OFFSETS, _current_offsets)
+
+
+_OFFSETS = "memo:offsets"
+
+
+def _current_offsets() -> Offsets:
+    return {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
 
 
 def _offset_at_fork(entry: InheritedFd) -> int:
     # In a worker, the parent's record for this fork; an empty one where it made none.
     no_record: Offsets = {}
-    recorded = _registry.fork_memo("offsets", lambda: no_record).get(entry.fd)
+    recorded = _registry.fork_memo(_OFFSETS, lambda: no_record).get(entry.fd)
     if recorded is not None and recorded[:2] == (entry.dev, entry.ino):
         return recorded[2]
     return os.lseek(entry.fd, 0, os.SEEK_CUR)
