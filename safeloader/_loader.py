@@ -74,10 +74,6 @@ def resolve_options(loader: Any) -> Options:
     return get_options().replace(**overrides) if overrides else get_options()
 
 
-def _lacking_pools(options: Options, loader: weakref.ref[Any]) -> list[unsafe_fork.Hazard]:
-    return unsafe_fork.hazards(options, loader())
-
-
 def _fork_is_default() -> bool:
     """Whether torch would fork workers when given no context (False on 3.14+)."""
     return _torch_internals.fork_is_default()
@@ -140,8 +136,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if watch is not None and start_method == "fork":
             watch.lacking = lacking
             watch.lacking_pools = frozenset(hazard.library for hazard in lacking)
-            # The loader weakly: the watch lives in its iterator, which a persistent loader holds.
-            watch.find_lacking_pools = functools.partial(_lacking_pools, options, weakref.ref(loader))
+            watch.find_lacking_pools = functools.partial(unsafe_fork.hazards, options)
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

@@ -63,11 +63,6 @@ class Backend:
         """In the parent, before ``loader`` starts workers with ``start_method`` ("fork", "spawn",
         "forkserver"): checks that must fail before any worker exists, pickling support for spawn."""
 
-    def handles(self, loader: Any) -> bool:
-        """Whether, while its hook runs, it makes ``libraries`` safe for ``loader``'s workers: always,
-        by default. One that only reopens what the Dataset holds says so where it found something."""
-        return True
-
     def status(self) -> str:
         """How the backend stands in this process, in words, for ``doctor``; '' for nothing to add."""
         return ""

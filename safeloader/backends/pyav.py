@@ -163,10 +163,6 @@ class PyavBackend(Backend):
         else:
             self._plans[loader] = plan
 
-    def handles(self, loader: Any) -> bool:
-        # FFmpeg's threads are safe only where they belong to containers the Dataset holds.
-        return make_plan(getattr(loader, "dataset", None)) is not None
-
     def before(self) -> _Plan | None:
         context = fork_context()
         loader = context.loader if context is not None else None

@@ -53,14 +53,10 @@ _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _owners: list[str] = []  # packages owning the pools last found: preloaded by the forkserver
 
 
-def _backend_active(name: str, options: Options, loader: Any = None) -> bool:
-    """Whether the backend ``name`` runs for a loader with ``options`` (and handles ``loader``'s use)."""
-    from .. import _registry, backends
+def _backend_active(name: str, options: Options) -> bool:
+    from .. import _registry
 
-    if not _registry.hook_runs(name, options):
-        return False
-    backend = backends.get(name)
-    return loader is None or backend is None or backend.handles(loader)
+    return _registry.hook_runs(name, options)
 
 
 def _live_libraries() -> dict[str, int]:
@@ -75,7 +71,7 @@ def _live_libraries() -> dict[str, int]:
     return counts
 
 
-def _hazard(library: str, count: int, options: Options, loader: Any) -> Hazard | None:
+def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     from . import native_pools
 
     entry, package = native_libraries.entry(library)
@@ -85,13 +81,9 @@ def _hazard(library: str, count: int, options: Options, loader: Any) -> Hazard |
         if entry.fork == native_libraries.HANDLED:
             # GNU OpenMP's idle threads are harmless: its hazard, a parallel region the parent ran,
             # is checked from forkstate's record below (hazards).
-            if entry.alone or _is_gomp(library) or _backend_active(entry.by, options, loader):
+            if entry.alone or _is_gomp(library) or _backend_active(entry.by, options):
                 return None
-            note = (
-                f"its backend {entry.by!r} found none of it in this loader's Dataset to reset"
-                if _backend_active(entry.by, options)
-                else f"its backend {entry.by!r} is off for this loader"
-            )
+            note = f"its backend {entry.by!r} is off for this loader"
         else:
             note = entry.by + (f"; its own fork-safe setting: {entry.remedy}" if entry.remedy else "")
     else:
@@ -109,9 +101,8 @@ def _is_gomp(library: str) -> bool:
     return os.path.basename(library).startswith("libgomp")
 
 
-def hazards(options: Options, loader: Any = None) -> list[Hazard]:
-    """What this process holds that a forked worker (of ``loader``, if given) would inherit broken
-    and no active backend resets."""
+def hazards(options: Options) -> list[Hazard]:
+    """What this process holds that a forked worker would inherit broken and no active backend resets."""
     found = []
     with _lock:
         _owners.clear()
@@ -123,7 +114,7 @@ def hazards(options: Options, loader: Any = None) -> list[Hazard]:
         for library, count in sorted(live.items()):
             if native_libraries.is_system(library):
                 continue
-            hazard = _hazard(library, count, options, loader)
+            hazard = _hazard(library, count, options)
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
@@ -204,7 +195,7 @@ def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...
     policy = options.on_unsafe_fork
     if start_method != "fork":
         return ()
-    found = hazards(options, loader)
+    found = hazards(options)
     if not found:
         return ()
     if policy == "ignore":
