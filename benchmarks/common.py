@@ -56,7 +56,7 @@ def machine() -> dict:
     import torch
 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-    for name in ("zarr", "zarrs", "h5py", "threadpoolctl", "polars", "spdl"):
+    for name in ("zarr", "zarrs", "h5py", "threadpoolctl", "polars", "spdl", "blosc2", "av"):
         try:
             versions[name] = __import__(name).__version__
         except (ImportError, AttributeError):

@@ -21,13 +21,17 @@ PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 SCALES = {
     # zarr_rows x 1024 float32 columns (4 MB raw per 1024 rows), read 64 rows (4 chunks) per item;
     # polars_rows: the parent's query; polars_items: parquet files read per epoch (a multiple of 64);
-    # executor_items: items of 4 zlib tiles decoded on the Dataset's ThreadPoolExecutor (a multiple of 16)
+    # executor_items: items of 4 zlib tiles decoded on the Dataset's ThreadPoolExecutor (a multiple of 16);
+    # blosc2_items: items of 4 blosc2 chunks (a multiple of 16); pyav_items: items of 8 frames decoded
     "tiny": {"zarr_rows": 256, "file_items": 200, "blas_items": 8, "objects": 50_000, "text_items": 16,
-             "polars_rows": 100_000, "polars_items": 64, "executor_items": 32},
+             "polars_rows": 100_000, "polars_items": 64, "executor_items": 32,
+             "blosc2_items": 32, "pyav_items": 32},
     "quick": {"zarr_rows": 32768, "file_items": 1000, "blas_items": 64, "objects": 1_000_000, "text_items": 256,
-              "polars_rows": 1_500_000, "polars_items": 1024, "executor_items": 512},
+              "polars_rows": 1_500_000, "polars_items": 1024, "executor_items": 512,
+              "blosc2_items": 512, "pyav_items": 512},
     "full": {"zarr_rows": 65536, "file_items": 3000, "blas_items": 192, "objects": 3_000_000, "text_items": 768,
-             "polars_rows": 2_000_000, "polars_items": 3072, "executor_items": 1536},
+             "polars_rows": 2_000_000, "polars_items": 3072, "executor_items": 1536,
+             "blosc2_items": 1536, "pyav_items": 1536},
 }
 
 

@@ -28,7 +28,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import scenarios_executors, scenarios_handles, scenarios_polars, scenarios_steady
+from . import (
+    scenarios_blosc2,
+    scenarios_executors,
+    scenarios_handles,
+    scenarios_polars,
+    scenarios_pyav,
+    scenarios_steady,
+)
 from .contenders import THREADS, Measure, Setup, epoch, loader_kinds
 from .data import PYTHON_PIPELINE, ZARRS_PIPELINE, Records, ZarrRows, sizes
 
@@ -63,6 +70,8 @@ def make_data(directory: Path, scale: str) -> dict[str, Any]:
         "lmdb": scenarios_handles.write_lmdb(directory, records),
         **scenarios_polars.write_parquet(directory, n["polars_rows"], n["polars_items"]),
         **scenarios_executors.write_chunks(directory, n["executor_items"]),
+        **scenarios_blosc2.write_array(directory, n["blosc2_items"]),
+        **scenarios_pyav.write_video(directory, n["pyav_items"]),
         "text_checksum": float(sum(Tokenize(n["text_items"])[i] for i in range(n["text_items"]))),
         "dir": str(directory),
         "zarr": str(directory / "data.zarr"),
@@ -296,6 +305,8 @@ def scenarios() -> dict[str, dict[str, Setup]]:
     table.update(scenarios_handles.table())
     table.update(scenarios_polars.table())
     table.update(scenarios_executors.table())
+    table.update(scenarios_blosc2.table())
+    table.update(scenarios_pyav.table())
     table.update(scenarios_steady.table())
     table["BLAS in __getitem__"] = {kind: blas_contender(kind) for kind in loader_kinds()}
     table["Python-heavy transform (holds the GIL)"] = {
