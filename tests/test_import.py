@@ -41,8 +41,9 @@ print([m for m in {BACKEND_LIBRARIES!r} if m in sys.modules], "torch" in sys.mod
 
 def test_every_subpackage_is_packaged():
     # A subpackage missing from pyproject's list installs nowhere but in an editable checkout.
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).parent.parent
     packaged = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
