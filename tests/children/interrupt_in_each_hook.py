@@ -21,6 +21,11 @@ import safeloader
 from safeloader import _loader_lock, _registration, _registry
 from safeloader.backends import pin_memory, threadpools
 
+import blosc2  # noqa: E402  (its hook stops live C-Blosc2 pools in `before`: the parent must get them back)
+
+blosc2.set_nthreads(2)
+blosc2.decompress(blosc2.compress(bytes(1 << 20)))  # the global context's 2-thread pool runs
+
 loader = safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=2, freeze_gc=True)
 list(loader)  # the pin-memory gate is in place, every lazy set-up done
 
@@ -31,13 +36,15 @@ class Interrupter:
 
     def __call__(self, *plan):  # a backend's after_* phases get the fork's plan
         if self.place == "last":
-            self.original(*plan)  # what `before` returned is lost with the interrupt: its plan is None
+            result = self.original(*plan)  # lost with the interrupt: the plan is what `before` set early, if any
+            if not self.fired:
+                self.fired = True
+                raise KeyboardInterrupt("in last")
+            return result
         if not self.fired:
             self.fired = True
-            raise KeyboardInterrupt(f"in {self.place}")
-        if self.place == "first":
-            return self.original(*plan)
-        return None
+            raise KeyboardInterrupt("in first")
+        return self.original(*plan)
 
 
 def epoch_in_thread():
@@ -97,6 +104,8 @@ for hook, phase, place in cases:
         problems.append("threadpools' plan left behind")
     if not guard_free():
         problems.append("fork guard left held")
+    if blosc2.set_nthreads(2) != 2:  # returns the threads it had
+        problems.append("blosc2's pool left at 1 thread")
     alive = workers_alive()
     if alive:
         problems.append(f"workers left running: {alive}")
