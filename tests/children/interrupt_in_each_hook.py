@@ -15,14 +15,14 @@ import gc
 import sys
 import threading
 
+import blosc2
 import psutil
 
 import safeloader
 from safeloader import _loader_lock, _registration, _registry
 from safeloader.backends import pin_memory, threadpools
 
-import blosc2  # noqa: E402  (its hook stops live C-Blosc2 pools in `before`: the parent must get them back)
-
+# blosc2's hook stops live C-Blosc2 pools in `before`: the parent must get them back.
 blosc2.set_nthreads(2)
 blosc2.decompress(blosc2.compress(bytes(1 << 20)))  # the global context's 2-thread pool runs
 
