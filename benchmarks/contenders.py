@@ -33,6 +33,13 @@ PRELOAD = ["torch", "torch.utils.data", "numpy", "benchmarks.scenarios"]
 THREADS = ("threads (ThreadPoolExecutor)", "threads (SPDL)")
 
 
+def lazy_per_worker(contender: Callable[..., Any]) -> dict[str, Any]:
+    """The usual workaround, the Dataset opening its handle lazily in each worker, under torch's fork
+    loader and with forkserver and spawn: ``contender(kind, lazy=True)`` for each, by name."""
+    kinds = (("torch fork", "fork"), ("forkserver+preload", "forkserver+preload"), ("spawn", "spawn"))
+    return {f"lazy per worker, {label}": contender(kind, lazy=True) for kind, label in kinds}
+
+
 def loader_kinds(preload: list[str] = PRELOAD) -> dict[str, Callable[..., Any]]:
     """How each contender builds its loader (an iterable of batches) from (dataset, **kwargs);
     ``preload``: what forkserver+preload imports in the server."""

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .contenders import PRELOAD, THREADS, Measure, Setup, epoch, loader_kinds
+from .contenders import PRELOAD, THREADS, Measure, Setup, epoch, lazy_per_worker, loader_kinds
 
 SHAPE = (1024, 4096)  # float32: 16 MB raw
 CHUNKS = (16, 4096)  # 256 KB raw per chunk: 64 chunks
@@ -103,9 +103,7 @@ def table() -> dict[str, dict[str, Setup]]:
     return {
         "blosc2 NDArray opened in __init__, 2 threads": {
             "torch fork": blosc2_contender("torch fork"),
-            **{f"lazy per worker, {label}": blosc2_contender(kind, lazy=True)
-               for kind, label in (("torch fork", "fork"), ("forkserver+preload", "forkserver+preload"),
-                                   ("spawn", "spawn"))},
+            **lazy_per_worker(blosc2_contender),
             "lazy per worker, 1 thread in the parent, fork": blosc2_contender("torch fork", lazy=True,
                                                                               parent_threads=1),
             **{kind: blosc2_contender(kind) for kind in ("num_workers=0", *THREADS)},

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .contenders import PRELOAD, THREADS, Measure, Setup, epoch, loader_kinds
+from .contenders import PRELOAD, THREADS, Measure, Setup, epoch, lazy_per_worker, loader_kinds
 
 CHUNKS = 64  # tile files; item i reads tiles (i * PARTS + j) % CHUNKS, j < PARTS
 CHUNK_SHAPE = (256, 256)  # uint8: 64 KB raw per tile
@@ -105,9 +105,7 @@ def table() -> dict[str, dict[str, Setup]]:
     return {
         "ThreadPoolExecutor made in __init__, tasks per item": {
             "torch fork": executor_contender("torch fork"),
-            **{f"lazy per worker, {label}": executor_contender(kind, lazy=True)
-               for kind, label in (("torch fork", "fork"), ("forkserver+preload", "forkserver+preload"),
-                                   ("spawn", "spawn"))},
+            **lazy_per_worker(executor_contender),
             **{kind: executor_contender(kind) for kind in ("num_workers=0", *THREADS)},
             "safeloader": executor_contender("safeloader"),
         }

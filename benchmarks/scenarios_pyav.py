@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .contenders import PRELOAD, Measure, Setup, epoch, loader_kinds
+from .contenders import PRELOAD, Measure, Setup, epoch, lazy_per_worker, loader_kinds
 
 SIZE = 128  # pixels, square
 RATE = 25  # frames per second
@@ -136,9 +136,7 @@ def table() -> dict[str, dict[str, Setup]]:
     return {
         "PyAV container opened in __init__, threaded decoder": {
             "torch fork": pyav_contender("torch fork"),
-            **{f"lazy per worker, {label}": pyav_contender(kind, lazy=True)
-               for kind, label in (("torch fork", "fork"), ("forkserver+preload", "forkserver+preload"),
-                                   ("spawn", "spawn"))},
+            **lazy_per_worker(pyav_contender),
             "num_workers=0": pyav_contender("num_workers=0"),
             "safeloader": pyav_contender("safeloader"),
         }
