@@ -76,6 +76,38 @@ def test_results_match_a_direct_read(fresh_parent):
         assert [item["total"] for item in fresh_parent[key]] == [expected] * 4
 
 
+def test_a_budget_starts_no_blas_threads_in_a_worker_and_never_raises_a_pool():
+    # OpenBLAS's setter starts its whole pool again in a forked worker (busy-waiting threads: 1.9x
+    # torch's start with 16 cores). Lowered in place (its blas_cpu_number, private in the newest
+    # builds: found in its symbol table), a worker has no thread but torch's own pool's; a budget
+    # above the parent's count leaves the pool as the parent had it. Without either, a worker here
+    # had 1 to 3 OpenBLAS threads more.
+    report = json.loads(check_script("threadpools_no_restart.py", timeout=60).stdout.splitlines()[-1])
+    parent = report["parent"]
+    assert report["torch"] == [[1, parent, 1]] * 2  # torch's worker: one thread, the parent's count
+    for name, budget in (("below", 1), ("above", parent + 2)):
+        for threads, openblas, torch_threads in report[name]:
+            assert openblas == min(budget, parent), (name, report)
+            assert threads == torch_threads, (name, report)  # main + torch's own n - 1: no BLAS thread
+
+
+def test_openblas_private_thread_count_is_found_in_its_symbol_table():
+    import ctypes
+
+    import numpy  # noqa: F401  (loads its OpenBLAS)
+    import threadpoolctl
+
+    library = next(c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.internal_api == "openblas")
+    getter = library._get_symbol("openblas_get_num_threads")
+    found = threadpools._private_cpu_number(library.filepath, getter)
+    assert found is not None and found.value == getter()
+    try:
+        exported = ctypes.c_int.in_dll(library.dynlib, "blas_cpu_number")  # numpy 2.4's OpenBLAS (0.3.31) exports it
+    except ValueError:
+        return
+    assert ctypes.addressof(found) == ctypes.addressof(exported)
+
+
 def test_parent_openmp_region_then_budgeted_workers_do_not_hang():
     out = json.loads(check_script("threadpools_openmp_parent.py", "budgeted", timeout=60).stdout.splitlines()[-1])
     for item in out["items"]:

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _registry, forkstate, hook_names
+from .. import _elf_symbols, _registry, forkstate, hook_names
 from .._options import Options
 from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
@@ -84,15 +84,37 @@ def _c_accessors(library: Any) -> tuple[Any, Any, Any]:
         return None, None, None
     if library.internal_api == "openmp":
         return getattr(dynlib, "omp_get_max_threads", None), None, getattr(dynlib, "omp_set_num_threads", None)
-    if library.internal_api != "openblas" or getattr(library, "threading_layer", None) == "openmp":
+    if not _pthreads_openblas(library):
         return None, None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
     symbol = getattr(library, "_get_symbol", None)
     getter = symbol("openblas_get_num_threads") if symbol is not None else None
     try:
         cpu_number = ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
-    except ValueError:  # symbol not exported by this build
-        cpu_number = None
+    except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5): read its symbol table
+        cpu_number = _private_cpu_number(library.filepath, getter)
     return getter, cpu_number, None
+
+
+def _pthreads_openblas(library: Any) -> bool:
+    return bool(library.internal_api == "openblas" and getattr(library, "threading_layer", None) != "openmp")
+
+
+def _private_cpu_number(path: str, getter: Any) -> Any:
+    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found in the file's own
+    symbol table: its offset, plus the load address (the exported getter's address minus its
+    offset). Trusted only if it holds what the getter returns. None if anything is missing."""
+    import ctypes
+
+    name = getattr(getter, "__name__", None)
+    if name is None:
+        return None
+    offsets = _elf_symbols.symbol_values(path, ("blas_cpu_number", name))
+    address = ctypes.cast(getter, ctypes.c_void_p).value
+    if len(offsets) != 2 or address is None:
+        return None  # a stripped build
+    base = address - offsets[name]
+    cpu_number = ctypes.c_int.from_address(base + offsets["blas_cpu_number"])
+    return cpu_number if cpu_number.value == getter() else None
 
 
 def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
@@ -164,7 +186,9 @@ def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> 
     torch_has_openmp = torch_pinned = False
     for pool in pools:
         pinned = pool.openmp and pool.path in pinned_paths
-        limits.append((pool, 1 if pinned else budget))
+        threads = 1 if pinned else budget
+        if threads < _threads(pool) and _lowers_in_place(pool):  # a budget only ever lowers a pool
+            limits.append((pool, threads))
         if pool.in_torch:
             torch_has_openmp = True  # the runtime bundled in torch's wheel
             torch_pinned = torch_pinned or pinned
@@ -175,22 +199,34 @@ def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> 
     return _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
 
 
+def _threads(pool: _Pool) -> int:
+    return int(pool.get_threads() if pool.get_threads is not None else pool.library.num_threads)
+
+
+def _lowers_in_place(pool: _Pool) -> bool:
+    """Whether a worker can lower the pool's count without starting threads. Not so for a pthreads
+    OpenBLAS whose ``blas_cpu_number`` was not found: its only setter starts the whole pool again
+    (the parent's count of threads, busy-waiting), in every worker at its start: 1.9x torch's start
+    with 16 cores. Such a pool keeps the parent's count, as under torch's loader."""
+    return pool.cpu_number is not None or not _pthreads_openblas(pool.library)
+
+
 def _set_threads(pool: _Pool, threads: int) -> None:
-    """Set a pool's thread count in a freshly forked worker.
+    """Lower a pool's thread count in a freshly forked worker.
 
     OpenBLAS (pthreads) shut its pool down at fork; ``openblas_set_num_threads``
     starts it again on the spot, and its threads busy-wait for about 0.1 s of
     CPU per worker (it doubled the time to first batch with 4 workers on 2
     cores). Lowering the count only needs what that call ends with, writing
-    OpenBLAS's exported ``blas_cpu_number``; the pool then starts lazily, at
-    the worker's first BLAS call, with that count. Anything else, or an
-    OpenBLAS without that symbol, goes through threadpoolctl.
+    OpenBLAS's ``blas_cpu_number``; the pool then starts lazily, at
+    the worker's first BLAS call, with that count. Anything else goes through
+    its C setter or threadpoolctl. A count already at or below ``threads`` is left.
     """
     library = pool.library
     current = pool.get_threads() if pool.get_threads is not None else library.num_threads
-    if current == threads:
+    if current <= threads:
         return  # even a same-value call restarts OpenBLAS's pool
-    if pool.cpu_number is not None and threads < current:
+    if pool.cpu_number is not None:
         pool.cpu_number.value = threads
         if (pool.get_threads() if pool.get_threads is not None else library.num_threads) == threads:
             return
