@@ -47,6 +47,10 @@ class Hook:
     planned: bool = False
     """A backend's hook (``register_planned``): what ``before`` returns, the fork's plan, is passed
     to its ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised)."""
+    per_start: bool = False
+    """Its plan holds for a whole loader start: ``before`` runs at the start's first fork, and again
+    only at a fork where the parent's threads or loaded libraries changed; the other forks reuse
+    that plan and run nothing of the hook in the parent (``register_planned``)."""
     _seq: int = field(default=0, repr=False)
 
     @property
@@ -169,13 +173,23 @@ def register_planned(
     runs_after: Iterable[str] = (),
     requires: Iterable[str] = (),
     description: str = "",
+    per_start: bool = False,
 ) -> Hook:
     """Register a backend's hook (``safeloader.Backend.register``), replacing one of the same name:
     as ``register_at_fork``, except that what ``before`` returns in the parent, the fork's plan, is
-    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised)."""
+    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised).
+    ``per_start=True``: the plan holds for a loader's whole start (``Hook.per_start``); such a hook
+    has no ``after_in_parent``, which would run at forks whose ``before`` did not."""
+    if not isinstance(per_start, bool):
+        raise RegistrationError(f"per_start must be a bool, got {per_start!r}")
+    if per_start and after_in_parent is not None:
+        raise RegistrationError(
+            f"hook {name!r}: per_start must be False for a hook with after_in_parent, which undoes its before "
+            "at every fork"
+        )
     return _register(
         before, after_in_parent, after_in_child, name, first, False, runs_after, False, requires, True,
-        description, planned=True,
+        description, planned=True, per_start=per_start,
     )
 
 
@@ -193,6 +207,7 @@ def _register(
     description: str,
     *,
     planned: bool,
+    per_start: bool = False,
 ) -> Hook:
     global _next_seq
     callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
@@ -228,7 +243,7 @@ def _register(
         _next_seq += 1
         hook = Hook(
             name, before, after_in_parent, after_in_child, first, last, runs_after, every_fork, requires,
-            description, planned, _next_seq,
+            description, planned, per_start, _next_seq,
         )
         ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
         _hooks[name] = hook

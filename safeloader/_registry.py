@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from . import _import_locks, _loader_lock, _registration, _torch_internals
+from . import _import_locks, _loader_lock, _registration, _torch_internals, forkstate
 from ._options import Options, get_options
 from ._registration import (  # the public registration API, also reachable here
     PHASES,
@@ -70,6 +70,9 @@ class Arming:
     logging_unreleased: int = 0
     """Interrupts that landed on the first instruction of ``logging``'s at-fork release of its
     module lock, which therefore stayed held: released when the start ends."""
+    start_plans: dict[str, Any] | None = None
+    """The plans of the ``per_start`` hooks, made at this start's first worker fork: reused at its
+    other forks while the parent's threads and loaded libraries are those recorded then."""
 
 
 _installed = False
@@ -202,16 +205,23 @@ def _context_for_this_fork() -> ForkContext | None:
 
 
 def _run_phase(
-    phase: str, context: ForkContext | None, interrupts: list[BaseException], plans: dict[str, Any]
+    phase: str,
+    context: ForkContext | None,
+    interrupts: list[BaseException],
+    plans: dict[str, Any],
+    planned_for_start: bool = False,
 ) -> list[HookError]:
     """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
     (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
     ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
     runs again (it rolls back its ``before``: it must complete). A backend's ``before`` returns
-    its plan into ``plans``; its ``after_*`` receive it from there."""
+    its plan into ``plans``; its ``after_*`` receive it from there. ``planned_for_start``: the
+    ``per_start`` hooks' plans are in ``plans`` already, and their ``before`` is not run."""
     errors = []
     for hook in _registration.by_phase(phase):
         callback = getattr(hook, phase)
+        if planned_for_start and hook.per_start:
+            continue
         if not hook._runs_for(context):
             continue
         for _attempt in range(3 if phase == "after_in_parent" else 1):
@@ -353,13 +363,23 @@ def _on_before() -> None:
         _loader_lock.enter_fork()  # left when the fork is closed (_close_fork); reset in the child
         context = _context_for_this_fork()
         _local.pending = context
-        _local.plans = {}
+        # A start's later forks take its per_start hooks' plans as they are (no Python code of
+        # theirs runs between forks: every page it wrote, the workers forked so far share).
+        start = arming if arming is not None and context is not None and context._carrier else None
+        start_plans = start.start_plans if start is not None else None
+        planned_for_start = start_plans is not None and forkstate.unchanged_since_record()
+        plans = _local.plans = dict(start_plans) if start_plans is not None and planned_for_start else {}
         if context is not None:
             # Before the hooks, so that none holds anything while this waits (the pin-memory
             # gate, the frozen gc, the watchdog's clock for this worker)...
             _import_locks.wait_for_imports_in_other_threads()
         interrupts: list[BaseException] = []
-        errors = _run_phase("before", context, interrupts, _local.plans)
+        errors = _run_phase("before", context, interrupts, plans, planned_for_start)
+        if start is not None and not planned_for_start and not errors and not interrupts:
+            start.start_plans = {
+                hook.name: plans[hook.name] for hook in _registration.by_phase("before")
+                if hook.per_start and hook.name in plans
+            }
         if context is not None:
             _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:

@@ -13,6 +13,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from . import _loader_lock, _torch_internals, native
+from ._imports import modules_state
 
 __all__ = ["ForkState", "ForeignThread", "Pool", "parent_state", "record", "register", "snapshot"]
 
@@ -326,6 +327,8 @@ class _LoaderForks:
     known: dict[tuple[int, str], ForeignThread] = field(default_factory=dict)
     thread_ids: list[int] | None = None
     state: ForkState | None = None
+    modules: object = None
+    """``_imports.modules_state()`` at the last record: an import may change a backend's plan."""
 
 
 _loader_forks: _LoaderForks | None = None
@@ -358,6 +361,7 @@ def record() -> ForkState:
         else:
             _recorded = forks.state = _snapshot(pools=False, count_frozen=False, known=forks.known)
             forks.thread_ids = thread_ids
+        forks.modules = modules_state()
     _recorded_for = weakref.ref(context) if context is not None else None
     return _recorded
 
@@ -384,14 +388,32 @@ def parent_state() -> ForkState | None:
     return state
 
 
+def unchanged_since_record() -> bool:
+    """Whether the parent has no thread, loaded library or imported module that it did not have at
+    the loader start's last ``record`` (which then holds for this fork too: the start's
+    ``per_start`` plans are reused)."""
+    from ._registry import armed
+
+    forks = _loader_forks
+    if forks is None or forks.state is None or forks.arming() is not armed():
+        return False
+    if forks.state.libraries is not _dynamic_linker().loaded() or forks.modules != modules_state():
+        return False
+    thread_ids = native.thread_ids()
+    # A thread that ended since makes no plan wrong (a pool's threads are planned for as live).
+    return thread_ids == forks.thread_ids or set(thread_ids) <= set(forks.thread_ids or ())
+
+
 def register() -> None:
     """Register the "forkstate" hook, which records ``parent_state()`` for each worker."""
-    from ._registry import register_at_fork
+    from ._registration import register_planned
     from .hook_names import FORKSTATE
 
-    register_at_fork(
+    register_planned(
         before=record,
+        after_in_parent=None,
+        after_in_child=None,
         name=FORKSTATE,
         description="records the parent's threads and pools at each fork, for diagnostics",
-        replace=True,
+        per_start=True,
     )

@@ -237,3 +237,64 @@ def test_a_backend_without_a_name_is_refused():
 
     with pytest.raises(RegistrationError, match=r"Nameless\.name must be a non-empty str"):
         safeloader.register_backend(Nameless)
+
+
+class _StartPlanner(safeloader.Backend):
+    """Counts its ``before`` calls in the parent; each worker writes down the plan it got."""
+
+    name = "t.start_planner"
+    description = "plans once per loader start"
+    plan_per_start = True
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+        self.calls = 0
+
+    def before(self):
+        self.calls += 1
+        return f"plan{self.calls}"
+
+    def after_in_child(self, plan) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"{safeloader.fork_context().worker_id}:{plan}\n")
+
+
+def test_a_per_start_plan_is_made_at_the_first_fork_and_reused_by_the_starts_other_forks(tmp_path):
+    marker = tmp_path / "workers"
+    backend = _StartPlanner(marker)
+    safeloader.register_backend(backend)
+    for start in (1, 2):
+        assert len(list(safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=4))) == 4
+        assert backend.calls == start  # once per start, not once per worker
+    lines = sorted(marker.read_text().split())
+    assert lines == sorted(f"{w}:plan{s}" for w in range(4) for s in (1, 2))
+
+
+def test_a_per_start_plan_is_made_again_at_a_fork_after_an_import(tmp_path):
+    # A module imported between two forks of one start may change what the plan must hold.
+    marker = tmp_path / "workers"
+    backend = _StartPlanner(marker)
+    safeloader.register_backend(backend)
+
+    def import_after_the_first_fork() -> None:
+        if backend.calls == 1:
+            import tests.children.imported_between_forks  # noqa: F401  (a new module, once)
+
+    safeloader.register_at_fork(after_in_parent=import_after_the_first_fork, name="t.importer")
+    assert len(list(safeloader.DataLoader(list(range(4)), batch_size=2, num_workers=2))) == 2
+    assert backend.calls == 2
+    assert sorted(marker.read_text().split()) == ["0:plan1", "1:plan2"]
+
+
+def test_a_per_start_backend_with_after_in_parent_is_refused():
+    class Undoer(safeloader.Backend):
+        name = "t.undoer"
+        description = "undoes its before in the parent"
+        plan_per_start = True
+
+        def after_in_parent(self, plan) -> None:
+            pass
+
+    message = r"hook 't\.undoer': per_start must be False for a hook with after_in_parent"
+    with pytest.raises(RegistrationError, match=message):
+        safeloader.register_backend(Undoer)

@@ -43,6 +43,12 @@ class Backend:
     the shared objects ("libgomp") or a package name. The fork-time check, ``doctor`` and the stall
     report then count those threads as handled by this backend, not as an unknown pool."""
 
+    plan_per_start: ClassVar[bool] = False
+    """True when ``before``'s plan depends only on the loader, its options and what the parent has
+    loaded and running (threads, libraries, modules), not on the worker: ``before`` then runs at a
+    loader start's first fork (and again where those changed), and the start's other forks reuse
+    its plan, running nothing of this backend in the parent between forks. Not with ``after_in_parent``."""
+
     def before(self) -> Any:
         """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
         return None
@@ -91,4 +97,5 @@ class Backend:
             runs_after=self.runs_after,
             requires=self.requires,
             description=self.description,
+            per_start=self.plan_per_start,
         )

@@ -34,6 +34,7 @@ def _live_executors() -> list[Any]:
 class ExecutorsBackend(Backend):
     name = NAME
     description = "ThreadPoolExecutors held by the Dataset start their own threads in each worker"
+    plan_per_start = True
     requires = ("concurrent.futures.thread",)
 
     def before(self) -> list[Any] | None:

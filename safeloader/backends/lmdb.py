@@ -143,6 +143,7 @@ def reopen_environments(plan: Plan) -> None:
 class LmdbBackend(Backend):
     name = hook_names.LMDB
     description = 'each worker opens its own copy of the LMDB environments the Dataset holds; writable ones refused'
+    plan_per_start = True
     # Reopens environments once "files" gave the worker its own descriptors; before the plain backends.
     first = True
     runs_after = (hook_names.FILES,)

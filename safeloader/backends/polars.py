@@ -79,6 +79,7 @@ def _version_problem() -> str | None:
 class PolarsBackend(Backend):
     name = hook_names.POLARS
     description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
+    plan_per_start = True
     requires = ("polars",)
     libraries = (
         Library(
@@ -95,9 +96,6 @@ class PolarsBackend(Backend):
         self._copy_fd: int | None = None  # a memfd with the runtime's bytes, made once
         self._copy_problem: str | None = None  # why no copy can be made
         self._references: _References | None = None
-        # The last plan, with what it was made from: a loader's forks share one while forkstate's
-        # record is the same object (nothing is allocated, so no page is written, between forks).
-        self._last_plan: tuple[object, int, tuple[int, str, object], Plan] | None = None
         self.worker_runtime: str | None = None
         """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started
         polars' pools); else None."""
@@ -136,13 +134,7 @@ class PolarsBackend(Backend):
         if context is None:
             return None
         threads = context.options.threads_per_worker(context.num_workers)
-        state, modules = forkstate.record(), modules_state()  # an import may add references to move
-        last = self._last_plan
-        if last is not None and last[0] is state and last[1] == threads and last[2] == modules:
-            return last[3]
-        plan = self._plan(state, threads)
-        self._last_plan = (state, threads, modules, plan)
-        return plan
+        return self._plan(forkstate.record(), threads)
 
     def _plan(self, state: forkstate.ForkState, threads: int) -> Plan:
         # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.

@@ -141,6 +141,7 @@ def _open(reopen: _Reopen, av: Any) -> Any:
 class PyavBackend(Backend):
     name = hook_names.PYAV
     description = "each worker opens its own copy of the PyAV input containers the Dataset holds (threaded decoders)"
+    plan_per_start = True
     # Reopens once "files" gave the worker its own descriptors (a container reading a file object).
     first = True
     runs_after = (hook_names.FILES,)

@@ -289,6 +289,7 @@ def _guard_torch_threads(budget: int, pinned: bool) -> None:
 class ThreadpoolsBackend(Backend):
     name = hook_names.THREADPOOLS
     description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
+    plan_per_start = True
     libraries = (
         Library(
             ("libgomp",),
@@ -304,10 +305,6 @@ class ThreadpoolsBackend(Backend):
     )
 
     def __init__(self) -> None:
-        # The last plan, with what it was made from: a loader's forks share one while
-        # forkstate's record and the pools are the same objects (which also spares the
-        # parent freeing a plan after each fork: freeing writes pages the worker shares).
-        self._last_plan: tuple[forkstate.ForkState, int, tuple[_Pool, ...], _Plan] | None = None
         self._warned_inactive = False
 
     def before(self) -> _Plan | None:
@@ -316,11 +313,7 @@ class ThreadpoolsBackend(Backend):
             return None
         budget = context.options.threads_per_worker(context.num_workers)
         state = forkstate.record()
-        pools = _pools(state.libraries)
-        last = self._last_plan
-        if last is None or last[0] is not state or last[1] != budget or last[2] is not pools:
-            last = self._last_plan = (state, budget, pools, _plan(state, pools, budget))
-        return last[3]
+        return _plan(state, _pools(state.libraries), budget)
 
     def after_in_child(self, plan: _Plan | None) -> None:
         if plan is None:
@@ -330,8 +323,13 @@ class ThreadpoolsBackend(Backend):
         _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
-        """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
-        if self._warned_inactive or _threadpoolctl_installed():
+        """Import threadpoolctl before the forks (an import between two forks would make the start's
+        plans again); say once that a ``thread_budget`` the user set cannot be applied without it."""
+        if _threadpoolctl_installed():
+            if start_method == "fork" and "threadpoolctl" not in sys.modules and NAME not in options.disable_hooks:
+                import threadpoolctl  # noqa: F401
+            return
+        if self._warned_inactive:
             return
         if options.thread_budget is not None and NAME not in options.disable_hooks:
             import warnings

@@ -47,6 +47,7 @@ class _RefuseLazyInit:
 class TorchBackend(Backend):
     name = hook_names.TORCH
     description = 'a worker that touches CUDA/XPU initialised in the parent gets a clear error'
+    plan_per_start = True
     requires = ("torch",)
 
     def before(self) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ class Plan:
 class ZarrsBackend(Backend):
     name = hook_names.ZARRS
     description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
+    plan_per_start = True
     requires = ("zarrs",)
     libraries = (
         Library(
