@@ -52,51 +52,153 @@ class _Plan:
 _controller: tuple[tuple[str, ...], tuple[_Pool, ...]] | None = None  # (loaded libraries, their pools)
 _seen: dict[str, _Pool | None] = {}  # each loaded path ever looked at -> its pool, or None
 
+# File-name prefixes of the pools read here with ctypes (the common ones: numpy's and scipy's
+# OpenBLAS, torch's GNU OpenMP), and of the others threadpoolctl knows (MKL, BLIS, FlexiBLAS, a
+# system libblas): only these are handed to threadpoolctl, imported then.
+_OPENBLAS = ("libopenblas", "libscipy_openblas")
+_OPENMP = ("libgomp", "libomp", "libiomp")
+_OTHERS = ("libmkl_rt", "mkl_rt", "libblis", "libblas", "libflexiblas", "vcomp", "openblas")
+_PREFIXES = _OPENBLAS + _OPENMP + _OTHERS
+
 
 @dataclass(frozen=True)
 class _Pool:
-    """A threadpoolctl library controller and what ``_before`` asks of it, worked out once."""
+    """A BLAS/OpenMP library's thread count, as ctypes functions looked up once in the parent: a
+    worker then reads and sets it with C calls (no symbol lookup, no new ctypes object there)."""
 
-    library: Any
     path: str
     """Real path of its shared object."""
     openmp: bool
     in_torch: bool
     """The OpenMP runtime bundled in torch's wheel."""
     get_threads: Any = None
-    """The C function that returns its thread count (what threadpoolctl calls), or None."""
+    """The C function that returns its thread count, or None (then ``library`` is asked)."""
     cpu_number: Any = None
-    """OpenBLAS's exported ``blas_cpu_number`` (a ctypes int), or None."""
+    """OpenBLAS's ``blas_cpu_number`` (a ctypes int), or None."""
     set_threads: Any = None
-    """OpenMP's ``omp_set_num_threads`` (what threadpoolctl calls), or None."""
+    """The C function that sets its thread count, or None (then ``library`` sets it)."""
+    pthreads_openblas: bool = False
+    """An OpenBLAS on its own threads, whose setter starts its pool again in a forked worker."""
+    library: Any = None
+    """threadpoolctl's controller, for a library not read here (MKL, BLIS...), else None."""
 
 
-def _c_accessors(library: Any) -> tuple[Any, Any, Any]:
-    """(thread-count getter, OpenBLAS's ``blas_cpu_number``, OpenMP's setter) of
-    ``library`` as ctypes objects, looked up once in the parent: a worker then reads
-    and sets its count with C calls instead of threadpoolctl's symbol lookups (a new
-    ctypes function object in every worker). None for what this does not know: the
-    worker goes through threadpoolctl."""
+def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
+    """The BLAS/OpenMP pools among the loaded ``libraries``, each path looked at once per process.
+
+    Built in the parent and inherited: its ctypes handles stay valid in the child, which then only
+    calls the set-threads functions (a worker pays microseconds instead of a library scan). Only a
+    file whose name, or whose link's target, has a BLAS/OpenMP prefix is looked at: OpenBLAS and
+    OpenMP runtimes with ctypes, others through threadpoolctl (its whole scan resolves the real path
+    of every loaded object: 15 ms with 300 loaded, at the first loader start; its import: 2 ms).
+    """
+    global _controller
+    if _controller is not None and _controller[0] == libraries:
+        return _controller[1]
+    pools: dict[str, _Pool] = {}
+    for path in libraries:
+        if path not in _seen:
+            _seen[path] = _pool_at(path)
+        pool = _seen[path]
+        if pool is not None:
+            pools.setdefault(pool.path, pool)  # one pool per real file, as threadpoolctl keeps them
+    _controller = (libraries, tuple(pools.values()))
+    return _controller[1]
+
+
+def _pool_at(path: str) -> _Pool | None:
+    """The pool of the object loaded from ``path``, or None when it is no BLAS/OpenMP library."""
+    name = os.path.basename(path).lower()
+    if name.startswith(_OPENBLAS):
+        return _openblas_pool(path) or _threadpoolctl_pool(path)
+    if name.startswith(_OPENMP):
+        return _openmp_pool(path) or _threadpoolctl_pool(path)
+    if name.startswith(_OTHERS) or _links_to(path):
+        return _threadpoolctl_pool(path)  # also a system libblas.so.3 linked to OpenBLAS
+    return None
+
+
+def _loaded(path: str) -> Any:
     import ctypes
 
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)  # the object loaded: never a new load
+    except OSError:
+        return None
+
+
+def _openblas_pool(path: str) -> _Pool | None:
+    """OpenBLAS's functions, under the names its builds give them (``scipy_openblas_..._64_``...)."""
+    dynlib = _loaded(path)
+    names = [(prefix, suffix) for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")]
+    found = next(((p, s) for p, s in names if hasattr(dynlib, f"{p}openblas_get_num_threads{s}")), None)
+    if found is None:
+        return None
+    prefix, suffix = found
+    getter = getattr(dynlib, f"{prefix}openblas_get_num_threads{suffix}")
+    setter = getattr(dynlib, f"{prefix}openblas_set_num_threads{suffix}", None)
+    parallel = getattr(dynlib, f"{prefix}openblas_get_parallel{suffix}", None)
+    if setter is None or parallel is None:
+        return None
+    pthreads = parallel() != 2  # 2: OpenMP-threaded, which counts per calling thread
+    cpu_number = _cpu_number(dynlib, path, getter) if pthreads else None
+    return _Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads)
+
+
+def _openmp_pool(path: str) -> _Pool | None:
+    dynlib = _loaded(path)
+    getter = getattr(dynlib, "omp_get_max_threads", None)
+    setter = getattr(dynlib, "omp_set_num_threads", None)
+    if getter is None or setter is None:
+        return None
+    real = os.path.realpath(path)
+    torch_dir = _torch_dir()
+    return _Pool(real, True, torch_dir is not None and real.startswith(torch_dir), getter, None, setter)
+
+
+def _threadpoolctl_pool(path: str) -> _Pool | None:
+    """The pool threadpoolctl finds at ``path`` (None: none, or its per-path step moved)."""
+    import threadpoolctl
+
+    try:
+        controller = threadpoolctl.ThreadpoolController._from_controllers([])
+        controller._make_controller_from_path(path)
+    except AttributeError:
+        return None
+    if not controller.lib_controllers:
+        return None
+    library = controller.lib_controllers[0]
+    real = os.path.realpath(library.filepath)
+    openmp = library.user_api == "openmp"
+    torch_dir = _torch_dir()
+    in_torch = openmp and torch_dir is not None and real.startswith(torch_dir)
+    pthreads = library.internal_api == "openblas" and getattr(library, "threading_layer", None) != "openmp"
+    getter, cpu_number, setter = _c_accessors(library, pthreads)
+    return _Pool(real, openmp, in_torch, getter, cpu_number, setter, pthreads, library)
+
+
+def _c_accessors(library: Any, pthreads_openblas: bool) -> tuple[Any, Any, Any]:
+    """(thread-count getter, OpenBLAS's ``blas_cpu_number``, setter) of a threadpoolctl controller's
+    library as ctypes objects; None for what is not known here (threadpoolctl is asked)."""
     dynlib = getattr(library, "dynlib", None)
     if dynlib is None:
         return None, None, None
     if library.internal_api == "openmp":
         return getattr(dynlib, "omp_get_max_threads", None), None, getattr(dynlib, "omp_set_num_threads", None)
-    if not _pthreads_openblas(library):
+    if not pthreads_openblas:
         return None, None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
     symbol = getattr(library, "_get_symbol", None)
     getter = symbol("openblas_get_num_threads") if symbol is not None else None
+    return getter, _cpu_number(dynlib, library.filepath, getter), None
+
+
+def _cpu_number(dynlib: Any, path: str, getter: Any) -> Any:
+    import ctypes
+
     try:
-        cpu_number = ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
+        return ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
     except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5): read its symbol table
-        cpu_number = _private_cpu_number(library.filepath, getter)
-    return getter, cpu_number, None
-
-
-def _pthreads_openblas(library: Any) -> bool:
-    return bool(library.internal_api == "openblas" and getattr(library, "threading_layer", None) != "openmp")
+        return _private_cpu_number(path, getter)
 
 
 def _private_cpu_number(path: str, getter: Any) -> Any:
@@ -117,61 +219,11 @@ def _private_cpu_number(path: str, getter: Any) -> Any:
     return cpu_number if cpu_number.value == getter() else None
 
 
-def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
-    """threadpoolctl's pools among the loaded ``libraries``, each path looked at once per process.
-
-    Built in the parent and inherited: its ctypes handles stay valid in the
-    child, which then only calls the set-threads functions (a worker pays
-    microseconds instead of a library scan). threadpoolctl's own scan resolves
-    the real path of every loaded object (15 ms with 300 loaded, at the first
-    loader start); here only a file whose name, or whose link's target, has a
-    BLAS/OpenMP prefix is handed to it, and a path once seen is not looked at again.
-    """
-    global _controller
-    if _controller is not None and _controller[0] == libraries:
-        return _controller[1]
-    import threadpoolctl
-
-    try:
-        prefixes = tuple(p for cls in threadpoolctl._ALL_CONTROLLERS for p in cls.filename_prefixes)
-        for path in libraries:
-            if path not in _seen:
-                _seen[path] = _pool_at(path, prefixes, threadpoolctl.ThreadpoolController)
-        found = (_seen[path] for path in libraries)
-    except AttributeError:  # a threadpoolctl whose per-path step moved: its whole scan
-        found = (_pool(library) for library in threadpoolctl.ThreadpoolController().lib_controllers)
-    pools: dict[str, _Pool] = {}
-    for pool in found:
-        if pool is not None:
-            pools.setdefault(pool.path, pool)  # one pool per real file, as threadpoolctl keeps them
-    _controller = (libraries, tuple(pools.values()))
-    return _controller[1]
-
-
-def _pool_at(path: str, prefixes: tuple[str, ...], controller_class: Any) -> _Pool | None:
-    """The pool of the object loaded from ``path``, or None when threadpoolctl has no controller for
-    it. Only a file whose name, or whose target's when it is a link (a system ``libblas.so.3`` to
-    OpenBLAS), starts with one of its controllers' ``prefixes`` is handed to threadpoolctl."""
-    if not os.path.basename(path).lower().startswith(prefixes) and not _links_to(path, prefixes):
-        return None
-    controller = controller_class._from_controllers([])
-    controller._make_controller_from_path(path)
-    return _pool(controller.lib_controllers[0]) if controller.lib_controllers else None
-
-
-def _links_to(path: str, prefixes: tuple[str, ...]) -> bool:
+def _links_to(path: str) -> bool:
     # A wheel cannot hold links: only a file outside site-packages (a system or conda lib/) is looked at.
     if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
         return False
-    return os.path.islink(path) and os.path.basename(os.path.realpath(path)).lower().startswith(prefixes)
-
-
-def _pool(library: Any) -> _Pool:
-    real = os.path.realpath(library.filepath)
-    openmp = library.user_api == "openmp"
-    torch_dir = _torch_dir()
-    in_torch = openmp and bool(torch_dir) and real.startswith(torch_dir)
-    return _Pool(library, real, openmp, in_torch, *_c_accessors(library))
+    return os.path.islink(path) and os.path.basename(os.path.realpath(path)).lower().startswith(_PREFIXES)
 
 
 def _torch_dir() -> str | None:
@@ -208,7 +260,7 @@ def _lowers_in_place(pool: _Pool) -> bool:
     OpenBLAS whose ``blas_cpu_number`` was not found: its only setter starts the whole pool again
     (the parent's count of threads, busy-waiting), in every worker at its start: 1.9x torch's start
     with 16 cores. Such a pool keeps the parent's count, as under torch's loader."""
-    return pool.cpu_number is not None or not _pthreads_openblas(pool.library)
+    return pool.cpu_number is not None or not pool.pthreads_openblas
 
 
 def _set_threads(pool: _Pool, threads: int) -> None:
@@ -323,13 +375,8 @@ class ThreadpoolsBackend(Backend):
         _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
-        """Import threadpoolctl before the forks (an import between two forks would make the start's
-        plans again); say once that a ``thread_budget`` the user set cannot be applied without it."""
-        if _threadpoolctl_installed():
-            if start_method == "fork" and "threadpoolctl" not in sys.modules and NAME not in options.disable_hooks:
-                import threadpoolctl  # noqa: F401
-            return
-        if self._warned_inactive:
+        """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
+        if self._warned_inactive or _threadpoolctl_installed():
             return
         if options.thread_budget is not None and NAME not in options.disable_hooks:
             import warnings
