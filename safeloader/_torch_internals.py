@@ -89,6 +89,11 @@ def check() -> None:
     if _checked:
         return
     _checked = True
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    for name in WORKER_LOOP_NAMES:  # read its parameters now, not during the first fork
+        loop = getattr(worker, name, None)
+        if loop is not None:
+            _worker_argument_positions(loop)
     lines = missing()
     if lines:
         import torch
@@ -257,6 +262,7 @@ def result_queue_of_worker_loop(frame: Any) -> Any:
 
 # -- which fork launches a DataLoader worker? -------------------------------------------
 
+@functools.cache
 @functools.cache
 def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
     return inspect.signature(target) if is_worker_loop(target) else None

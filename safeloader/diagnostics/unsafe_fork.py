@@ -18,7 +18,7 @@ from typing import Any
 from .. import hook_names
 from .._options import Options
 from ..errors import UnsafeForkError
-from . import native_libraries
+from . import native_libraries, native_pools, thread_owners  # not lazily: the first loader start would import them
 
 __all__ = ["Hazard", "UnsafeForkWarning", "apply", "hazards"]
 
@@ -62,7 +62,6 @@ def _backend_active(name: str, options: Options) -> bool:
 def _live_libraries() -> dict[str, int]:
     """Object each live native thread waits in -> how many threads."""
     from .. import native
-    from . import thread_owners
 
     counts: dict[str, int] = {}
     for library in thread_owners.owners(native.thread_census().foreign).values():
@@ -72,8 +71,6 @@ def _live_libraries() -> dict[str, int]:
 
 
 def _hazard(library: str, count: int, options: Options) -> Hazard | None:
-    from . import native_pools
-
     entry, package = native_libraries.entry(library)
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
