@@ -13,6 +13,7 @@ output), once with safeloader and once with torch's own loader, and prints one J
 - installed_two_loaders: safeloader.install(), two persistent loaders with pin_memory alternating
   (each start forks while the other's pin-memory thread pins batches).
 - start_ratio: warm starts in a CUDA parent, safeloader / torch's fork loader, alternating pairs.
+- first_start_ratio: the first start of fresh CUDA processes, safeloader and torch alternating.
 - doctor: safeloader.doctor() in a CUDA parent: nothing live may be reported as breaking or unknown.
 
 Exit status 0 when every case holds. Needs torch with CUDA and a GPU.
@@ -31,8 +32,14 @@ import numpy as np
 import torch
 warnings.simplefilter("always")
 caught = []
+EXPECTED = (
+    "suggested max number of worker",  # torch's, on a machine with few cores
+    "use of fork() may lead to deadlocks",  # Python 3.12+ at every fork of a process with threads (CUDA's)
+)
+
+
 def keep(message, category, *rest):
-    if "suggested max number of worker" not in str(message):  # torch's, on a machine with few cores
+    if not any(text in str(message) for text in EXPECTED):  # the same for torch's loader and safeloader
         caught.append(f"{category.__name__}: {message}")
 warnings.showwarning = keep
 assert torch.cuda.is_available(), "no GPU"
@@ -114,6 +121,12 @@ for _ in range(15):
 print(json.dumps({"first_start_s": first, "warm_median_ratio": statistics.median(ratios),
                   "warm_ratios": sorted(round(r, 3) for r in ratios), "warnings": caught}))
 """,
+    "first_start": """
+# The first loader start of this fresh process (CUDA initialised, a model on the GPU), to its first batch.
+t = time.perf_counter()
+next(iter(LOADER(Arrays(), batch_size=8, num_workers=4, multiprocessing_context="fork")))
+print(json.dumps({"first_start_ms": round((time.perf_counter() - t) * 1e3, 1)}))
+""",
     "doctor": """
 report = safeloader.doctor(file=None)
 live = [{"status": h["status"], "what": h["what"]} for h in report["live_at_fork"]]
@@ -123,6 +136,7 @@ assert not [h for h in live if h["status"] in ("breaks", "unknown")], live
 """,
 }
 ONLY_SAFELOADER = {"start_ratio", "doctor"}
+SEPARATE = {"first_start"}  # run in pairs by first_start_ratio
 
 
 def run(case: str, kind: str, deadline: float = 120.0) -> dict[str, object]:
@@ -142,13 +156,29 @@ def run(case: str, kind: str, deadline: float = 120.0) -> dict[str, object]:
     return result
 
 
+def first_start_ratio(pairs: int = 5) -> dict[str, object]:
+    """Fresh processes, safeloader and torch alternating: the median of safeloader / torch per pair."""
+    import statistics
+
+    ratios, times = [], {"safeloader": [], "torch": []}
+    for _ in range(pairs):
+        pair = {kind: run("first_start", kind).get("first_start_ms") for kind in ("safeloader", "torch")}
+        if None in pair.values():
+            return {"case": "first_start_ratio", "ok": False, "pair": pair}
+        for kind, ms in pair.items():
+            times[kind].append(ms)
+        ratios.append(pair["safeloader"] / pair["torch"])
+    return {"case": "first_start_ratio", "ok": True, "median_ratio": round(statistics.median(ratios), 3),
+            "ms": times}
+
+
 def main() -> int:
     import torch
 
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
                       "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))
     failed = 0
-    for case in CASES:
+    for case in [case for case in CASES if case not in SEPARATE]:
         for kind in ("safeloader",) if case in ONLY_SAFELOADER else ("safeloader", "torch"):
             result = run(case, kind)
             if case == "worker_uses_cuda":  # both loaders must fail it, each with its own error
@@ -156,6 +186,9 @@ def main() -> int:
                 result["ok"] = result.get("raised") == wanted
             failed += not result["ok"]
             print(json.dumps(result), flush=True)
+    result = first_start_ratio()
+    failed += not result["ok"]
+    print(json.dumps(result), flush=True)
     return 1 if failed else 0
 
 

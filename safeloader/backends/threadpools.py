@@ -8,11 +8,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import platform
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _elf_symbols, _registry, forkstate, hook_names
+from .. import _registry, forkstate, hook_names
 from .._options import Options
 from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
@@ -141,7 +142,7 @@ def _openblas_pool(path: str) -> _Pool | None:
     if setter is None or parallel is None:
         return None
     pthreads = parallel() != 2  # 2: OpenMP-threaded, which counts per calling thread
-    cpu_number = _cpu_number(dynlib, path, getter) if pthreads else None
+    cpu_number = _cpu_number(dynlib, getter) if pthreads else None
     return _Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads)
 
 
@@ -189,34 +190,46 @@ def _c_accessors(library: Any, pthreads_openblas: bool) -> tuple[Any, Any, Any]:
         return None, None, None  # an OpenMP-layered OpenBLAS counts per thread: threadpoolctl knows how
     symbol = getattr(library, "_get_symbol", None)
     getter = symbol("openblas_get_num_threads") if symbol is not None else None
-    return getter, _cpu_number(dynlib, library.filepath, getter), None
+    return getter, _cpu_number(dynlib, getter), None
 
 
-def _cpu_number(dynlib: Any, path: str, getter: Any) -> Any:
+def _cpu_number(dynlib: Any, getter: Any) -> Any:
     import ctypes
 
     try:
         return ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
-    except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5): read its symbol table
-        return _private_cpu_number(path, getter)
+    except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5)
+        return _private_cpu_number(getter)
 
 
-def _private_cpu_number(path: str, getter: Any) -> Any:
-    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found in the file's own
-    symbol table: its offset, plus the load address (the exported getter's address minus its
-    offset). Trusted only if it holds what the getter returns. None if anything is missing."""
+def _private_cpu_number(getter: Any) -> Any:
+    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found without reading any
+    file: it is what ``openblas_get_num_threads`` returns, and on x86-64 that function's return
+    value is loaded by ``mov eax, [rip + offset]`` right before ``ret`` (bytes 8b 05, 4 bytes of
+    offset, c3). Trusted only if it holds what the getter returns; None where no such load is found
+    (another architecture or compiler: workers then keep the parent's count)."""
     import ctypes
 
-    name = getattr(getter, "__name__", None)
-    if name is None:
+    if platform.machine() != "x86_64":
         return None
-    offsets = _elf_symbols.symbol_values(path, ("blas_cpu_number", name))
-    address = ctypes.cast(getter, ctypes.c_void_p).value
-    if len(offsets) != 2 or address is None:
-        return None  # a stripped build
-    base = address - offsets[name]
-    cpu_number = ctypes.c_int.from_address(base + offsets["blas_cpu_number"])
-    return cpu_number if cpu_number.value == getter() else None
+    start = ctypes.cast(getter, ctypes.c_void_p).value
+    if start is None:
+        return None
+    try:  # through /proc/self/mem: a read past the end of the code fails here instead of crashing
+        with open("/proc/self/mem", "rb", buffering=0) as memory:
+            memory.seek(start)
+            code = memory.read(64)
+    except (OSError, OverflowError):
+        return None
+    position = code.find(b"\x8b\x05")
+    while 0 <= position <= len(code) - 7:
+        if code[position + 6] == 0xC3:
+            offset = int.from_bytes(code[position + 2 : position + 6], "little", signed=True)
+            candidate = ctypes.c_int.from_address(start + position + 6 + offset)
+            if candidate.value == getter():
+                return candidate
+        position = code.find(b"\x8b\x05", position + 1)
+    return None
 
 
 def _links_to(path: str) -> bool:
