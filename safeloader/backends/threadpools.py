@@ -245,7 +245,7 @@ def _torch_dir() -> str | None:
     return os.path.realpath(os.path.dirname(path)) + os.sep if path else None
 
 
-def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> _Plan:
+def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int, torch_threads: int) -> _Plan:
     pinned_paths = frozenset(state.gomp_unsafe)
     limits = []
     torch_has_openmp = torch_pinned = False
@@ -261,7 +261,7 @@ def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int) -> 
         # torch uses a shared OpenMP runtime (conda, system libgomp), or we
         # cannot tell which: any pinned runtime pins torch too.
         torch_pinned = True
-    return _Plan(tuple(limits), 1 if torch_pinned else budget, torch_pinned)
+    return _Plan(tuple(limits), 1 if torch_pinned else torch_threads, torch_pinned)
 
 
 def _threads(pool: _Pool) -> int:
@@ -377,15 +377,20 @@ class ThreadpoolsBackend(Backend):
         if context is None:
             return None
         budget = context.options.threads_per_worker(context.num_workers)
+        # torch's own threads get a budget only when the user set one: torch.set_num_threads(n > 1)
+        # starts n - 1 threads of torch's at once (its pthreadpool), in every worker at its start
+        # (1.17x torch's warm start with 16 cores and 4 workers, against 1.11x without).
+        torch_threads = budget if context.options.thread_budget is not None else 1
         state = forkstate.record()
-        return _plan(state, _pools(state.libraries), budget)
+        return _plan(state, _pools(state.libraries), budget, torch_threads)
 
     def after_in_child(self, plan: _Plan | None) -> None:
         if plan is None:
             return
         for pool, threads in plan.limits:
             _set_threads(pool, threads)
-        _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
+        if plan.torch_threads > 1 or plan.torch_pinned:  # else torch's worker loop sets 1 itself
+            _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""
