@@ -12,6 +12,7 @@
  *   for the stall watchdog (backtrace.c), on a signal nobody else holds:
  *   signal_handler_address() tells whether one is free (a handler installed
  *   in C, e.g. by faulthandler, is invisible to signal.getsignal).
+ * - parse_maps(): /proc/self/maps as lists of bounds and paths (thread attribution).
  * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -274,6 +275,70 @@ static PyObject *warm_backtrace(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- /proc/self/maps, parsed ---- */
+
+/* A hexadecimal number at *p, before lim; moves *p past it. 0 if there is none. */
+static int parse_hex(const char **p, const char *lim, unsigned long long *value) {
+    const char *q = *p;
+    unsigned long long v = 0;
+    while (q < lim) {
+        char c = *q;
+        int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (digit < 0) break;
+        v = (v << 4) | (unsigned long long)digit;
+        q++;
+    }
+    if (q == *p) return 0;
+    *p = q;
+    *value = v;
+    return 1;
+}
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL) return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+/* parse_maps(data) -> (all_starts, all_ends, starts, ends, names): the text of /proc/self/maps
+ * ("low-high perms offset dev inode path" a line, sorted by address) as lists: every mapping's
+ * bounds, then the bounds and path of each executable mapping of a file. The Python loop doing
+ * this took 2 ms for the 1700 mappings of a process with 300 shared objects. */
+static PyObject *parse_maps(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *lists[5] = {NULL, NULL, NULL, NULL, NULL}, *result = NULL;
+    for (int i = 0; i < 5; i++) {
+        lists[i] = PyList_New(0);
+        if (lists[i] == NULL) goto done;
+    }
+    const char *p = view.buf, *end = p + view.len;
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL) eol = end;
+        const char *q = p;
+        unsigned long long low, high;
+        if (parse_hex(&q, eol, &low) && q < eol && *q == '-' && (q++, parse_hex(&q, eol, &high))) {
+            if (append_new(lists[0], PyLong_FromUnsignedLongLong(low)) < 0) goto done;
+            if (append_new(lists[1], PyLong_FromUnsignedLongLong(high)) < 0) goto done;
+            /* q is at the space before the permissions ("r-xp"): the third is 'x'. */
+            const char *path = q + 4 <= eol && q[3] == 'x' ? memchr(q, '/', (size_t)(eol - q)) : NULL;
+            if (path != NULL) {
+                if (append_new(lists[2], PyLong_FromUnsignedLongLong(low)) < 0) goto done;
+                if (append_new(lists[3], PyLong_FromUnsignedLongLong(high)) < 0) goto done;
+                if (append_new(lists[4], PyUnicode_DecodeFSDefaultAndSize(path, eol - path)) < 0) goto done;
+            }
+        }
+        p = eol + 1;
+    }
+    result = PyTuple_Pack(5, lists[0], lists[1], lists[2], lists[3], lists[4]);
+done:
+    for (int i = 0; i < 5; i++) Py_XDECREF(lists[i]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *signal_thread(PyObject *Py_UNUSED(self), PyObject *args) {
     int pid, tid, signum;
     if (!PyArg_ParseTuple(args, "iii:signal_thread", &pid, &tid, &signum)) return NULL;
@@ -323,6 +388,10 @@ static PyMethodDef methods[] = {
      "Load glibc's unwinder now (backtrace() allocates on its first call), once per process; "
      "forked children inherit it loaded. It dlopens: the GIL is released meanwhile only with "
      "`release_gil` (safeloader/_loader_lock.py)."},
+    {"parse_maps", parse_maps, METH_O,
+     "parse_maps($module, data, /)\n--\n\n"
+     "(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every "
+     "mapping's bounds, then the bounds and path of each executable mapping of a file."},
     {"signal_thread", signal_thread, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},

@@ -87,6 +87,32 @@ def warm_backtrace(release_gil: bool) -> None:
     """Nothing to warm without the extension (no backtrace handler is installed)."""
 
 
+def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int], list[str]]:
+    """(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every
+    mapping's bounds, then the bounds and path of each executable mapping of a file."""
+    all_starts: list[int] = []
+    all_ends: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    names: list[str] = []
+    # "low-high perms offset dev inode path": the kernel lists mappings by address, sorted.
+    for line in os.fsdecode(data).splitlines():
+        dash = line.find("-")
+        space = line.find(" ", dash)
+        if dash <= 0 or space < 0:
+            continue
+        low, high = int(line[:dash], 16), int(line[dash + 1 : space], 16)
+        all_starts.append(low)
+        all_ends.append(high)
+        if line[space + 3 : space + 4] == "x":
+            path = line.find("/", space)
+            if path > 0:
+                starts.append(low)
+                ends.append(high)
+                names.append(line[path:])
+    return all_starts, all_ends, starts, ends, names
+
+
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread of a process (tgkill), through libc when it has it."""
     import ctypes

@@ -132,6 +132,13 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
     return _impl.loaded_objects(full, release_gil)
 
 
+def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int], list[str]]:
+    """(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every
+    mapping's bounds, then the bounds and path of each executable mapping of a file (in C, 0.3 ms
+    for 1700 mappings; the Python loop took 2 ms)."""
+    return _impl.parse_maps(data)
+
+
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread ``tid`` of process ``pid`` (tgkill)."""
     _impl.signal_thread(pid, tid, signum)

@@ -65,6 +65,19 @@ def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
     assert result.stdout.strip() == "ok"
 
 
+def test_parse_maps_agrees_with_the_fallback_and_finds_every_loaded_object():
+    from safeloader import _native_fallback
+
+    with open("/proc/self/maps", "rb") as maps:
+        data = maps.read()
+    parsed = native.parse_maps(data)
+    assert parsed == _native_fallback.parse_maps(data)
+    all_starts, all_ends, starts, ends, names = parsed
+    assert len(all_starts) == len(data.splitlines()) and all(a < b for a, b in zip(all_starts, all_ends))
+    assert any(os.path.basename(name).startswith("libc") for name in names)
+    assert all(name.startswith("/") for name in names) and len(starts) == len(ends) == len(names)
+
+
 def test_fork_generation_agrees_across_os_fork():
     result = check_script("native_parity.py", "fork_generation", timeout=30)
     assert result.stdout.strip() == "['', '1 1', '2 2']"
@@ -122,6 +135,7 @@ NATIVE_FUNCTIONS = (
     "regular_file_offsets",
     "signal_handler_address",
     "loaded_objects",
+    "parse_maps",
     "install_backtrace_handler",
     "release_backtrace_handler",
     "warm_backtrace",

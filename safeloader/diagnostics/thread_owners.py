@@ -38,28 +38,9 @@ class _Segments:
             counters, _ = native.loaded_objects(False, release)
         if not force and counters is not None and counters == self._counters and self.starts:
             return
-        with open("/proc/self/maps") as maps:
-            text = maps.read()
-        starts: list[int] = []
-        ends: list[int] = []
-        names: list[str] = []
-        all_starts: list[int] = []
-        all_ends: list[int] = []
-        # "low-high perms offset dev inode path": the kernel lists mappings by address, sorted.
-        for line in text.splitlines():
-            dash = line.find("-")
-            space = line.find(" ", dash)
-            if dash <= 0 or space < 0:
-                continue
-            low, high = int(line[:dash], 16), int(line[dash + 1 : space], 16)
-            all_starts.append(low)
-            all_ends.append(high)
-            if line[space + 3 : space + 4] == "x":
-                path = line.find("/", space)
-                if path > 0:
-                    starts.append(low)
-                    ends.append(high)
-                    names.append(line[path:])
+        with open("/proc/self/maps", "rb") as maps:
+            data = maps.read()
+        all_starts, all_ends, starts, ends, names = native.parse_maps(data)
         self._counters = counters
         self.starts, self.ends, self.names = starts, ends, names
         self.all_starts, self.all_ends = all_starts, all_ends
