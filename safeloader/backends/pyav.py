@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .. import _registry, hook_names
-from .._options import Options
+from .. import hook_names
 from .._registry import fork_context
 from ._backend import Backend
 from .lmdb import find_environments
@@ -149,25 +147,13 @@ class PyavBackend(Backend):
     libraries = ("av",)  # PyAV's FFmpeg (av.libs), not FFmpeg libraries other packages ship
 
     def __init__(self) -> None:
-        self._plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()  # loader -> its plan
         self._inherited: list[Any] = []  # in a worker: the parent's objects, never freed there
 
-    def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
-        if "av" not in sys.modules or loader is None:
-            return
-        if start_method != "fork" or not _registry.hook_runs(NAME, options):
-            self._plans.pop(loader, None)
-            return
-        plan = make_plan(getattr(loader, "dataset", None))
-        if plan is None:
-            self._plans.pop(loader, None)
-        else:
-            self._plans[loader] = plan
-
     def before(self) -> _Plan | None:
+        # Once per loader start (plan_per_start): the containers its Dataset holds.
         context = fork_context()
         loader = context.loader if context is not None else None
-        return self._plans.get(loader) if loader is not None else None
+        return make_plan(getattr(loader, "dataset", None)) if loader is not None else None
 
     def after_in_child(self, plan: _Plan | None) -> None:
         self._new_reformatters()
