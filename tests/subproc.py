@@ -52,11 +52,14 @@ class Result:
     stderr: str
     timed_out: bool  # killed before it ended: at the deadline, or as soon as its hang was certain
     hang: str = ""  # with expect_hang: each thread's kernel wait when the hang was confirmed
+    at_deadline: str = ""  # killed at the deadline: each process's threads and kernel waits then
 
     def __str__(self) -> str:
         status = "TIMED OUT" if self.timed_out else f"exit {self.returncode}"
         if self.hang:
             status = f"HUNG (confirmed: no main thread ran for {HANG_QUIET:g} s)\n{self.hang}"
+        elif self.at_deadline:
+            status = f"TIMED OUT; the child's processes then:\n{self.at_deadline}"
         return f"[{status}]\n--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
 
 
@@ -118,21 +121,49 @@ def _describe(mains: dict[int, tuple[str, str]]) -> str:
     )
 
 
-def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err) -> tuple[int | None, str]:
+def _threads_at_deadline(root: int) -> str:
+    """Every thread of ``root``'s tree: name, state, kernel wait and system call, so that a
+    timeout on CI says which process hung where (a deadlock shows as futex waits)."""
+    try:
+        processes = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return ""
+    lines = []
+    for process in processes:
+        try:
+            lines.append(f"  pid {process.pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:120]}")
+            for tid in sorted(os.listdir(f"/proc/{process.pid}/task"), key=int):
+                task = f"/proc/{process.pid}/task/{tid}"
+                with open(f"{task}/stat") as f:
+                    name, fields = f.read().split("(", 1)[1].rsplit(")", 1)
+                with open(f"{task}/wchan") as f:
+                    wchan = f.read()
+                try:
+                    with open(f"{task}/syscall") as f:
+                        syscall = f.read().split()[0]
+                except (OSError, IndexError):  # not readable without ptrace rights
+                    syscall = "?"
+                lines.append(f"    tid {tid} {name!r}: {fields.split()[0]} in {wchan or '?'}, syscall {syscall}")
+        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+    return "\n".join(lines)
+
+
+def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err) -> tuple[int | None, str, str]:
     """Wait for ``process`` until ``timeout``; with ``expect_hang``, return early once its hang is
     certain: for ``HANG_QUIET`` seconds every process's main thread asleep in the same wait
     (not ``time.sleep``), the whole tree near idle and printing nothing. Returns (exit code or
-    None, the hang's evidence or "")."""
+    None, the hang's evidence or "", the threads at the deadline or "")."""
     if not expect_hang:
         try:
-            return process.wait(timeout=timeout), ""
+            return process.wait(timeout=timeout), "", ""
         except subprocess.TimeoutExpired:
-            return None, ""
+            return None, "", _threads_at_deadline(process.pid)
     deadline = time.monotonic() + timeout
     since, mark = time.monotonic(), None
     while time.monotonic() < deadline:
         try:
-            return process.wait(timeout=_POLL), ""
+            return process.wait(timeout=_POLL), "", ""
         except subprocess.TimeoutExpired:
             pass
         state = _tree_state(process.pid)
@@ -144,8 +175,8 @@ def _wait(process: subprocess.Popen, timeout: float, expect_hang: bool, out, err
         if mark is None or now != mark[0] or ticks - mark[1] > HANG_TICKS:
             since, mark = time.monotonic(), (now, ticks)
         elif time.monotonic() - since >= HANG_QUIET:
-            return None, _describe(mains)
-    return None, ""
+            return None, _describe(mains), ""
+    return None, "", _threads_at_deadline(process.pid)
 
 
 def _run(
@@ -172,7 +203,7 @@ def _run(
                 cwd=cwd,
                 start_new_session=True,  # its own process group, so workers die with it
             )
-        returncode, hang = _wait(process, timeout, expect_hang, out, err)
+        returncode, hang, at_deadline = _wait(process, timeout, expect_hang, out, err)
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:  # the group is empty: nothing was left behind
@@ -180,7 +211,9 @@ def _run(
         process.wait()
         out.seek(0)
         err.seek(0)
-        return Result(returncode, out.read(), err.read(), timed_out=returncode is None, hang=hang)
+        return Result(
+            returncode, out.read(), err.read(), timed_out=returncode is None, hang=hang, at_deadline=at_deadline
+        )
 
 
 class WarmChild:

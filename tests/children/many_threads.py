@@ -27,7 +27,9 @@ if which == "torch":
 else:
     from safeloader import DataLoader
 
-    keywords = {"stall_timeout": None}
+    # The watchdog on (the default's limit would leave too little of the test's time): a worker
+    # that freezes is then named with its Python and native stacks, not only a timeout.
+    keywords = {"stall_timeout": 40.0}
 
 
 class LoadsALibrary(Dataset):
