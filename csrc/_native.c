@@ -12,7 +12,9 @@
  *   for the stall watchdog (backtrace.c), on a signal nobody else holds:
  *   signal_handler_address() tells whether one is free (a handler installed
  *   in C, e.g. by faulthandler, is invisible to signal.getsignal).
- * - parse_maps(): /proc/self/maps as lists of bounds and paths (thread attribution).
+ * - parse_maps(): /proc/self/maps as lists of bounds and paths (thread attribution, where
+ *   the kernel cannot say which mapping holds a stack: PROCMAP_QUERY).
+ * - code_segments(): the loaded objects' executable segments (thread attribution).
  * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -245,6 +247,74 @@ done:
     return result;
 }
 
+/* ---- the loaded objects' code ---- */
+
+typedef struct {
+    unsigned long long *bounds; /* start, end pairs */
+    char **names;
+    size_t count, capacity;
+    int failed;
+} segments_t;
+
+static int collect_segments(struct dl_phdr_info *info, size_t Py_UNUSED(size), void *data) {
+    segments_t *segments = data;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *header = &info->dlpi_phdr[i];
+        if (header->p_type != PT_LOAD || !(header->p_flags & PF_X) || header->p_memsz == 0) continue;
+        if (segments->count == segments->capacity) {
+            size_t capacity = segments->capacity ? 2 * segments->capacity : 256;
+            unsigned long long *bounds = realloc(segments->bounds, 2 * capacity * sizeof(unsigned long long));
+            if (bounds == NULL) { segments->failed = 1; return 1; }
+            segments->bounds = bounds;
+            char **names = realloc(segments->names, capacity * sizeof(char *));
+            if (names == NULL) { segments->failed = 1; return 1; }
+            segments->names = names;
+            segments->capacity = capacity;
+        }
+        char *copy = strdup(name);
+        if (copy == NULL) { segments->failed = 1; return 1; }
+        unsigned long long start = (unsigned long long)(info->dlpi_addr + header->p_vaddr);
+        segments->bounds[2 * segments->count] = start;
+        segments->bounds[2 * segments->count + 1] = start + header->p_memsz;
+        segments->names[segments->count++] = copy;
+    }
+    return 0;
+}
+
+/* code_segments(release_gil) -> ((start, end, name), ...): each loaded object's executable
+ * segments as the dynamic loader has them (name "" for the main program), in load order:
+ * what /proc/self/maps says of the loaded code, without the kernel writing out every
+ * mapping (2-3 ms in a process with 300 libraries; this walk takes about 0.1 ms).
+ * The walk holds the loader's lock, as loaded_objects' does. */
+static PyObject *code_segments(PyObject *Py_UNUSED(self), PyObject *args) {
+    int release_gil;
+    if (!PyArg_ParseTuple(args, "p:code_segments", &release_gil)) return NULL;
+    segments_t segments = {.bounds = NULL, .names = NULL, .count = 0, .capacity = 0, .failed = 0};
+    if (release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        dl_iterate_phdr(collect_segments, &segments);
+        Py_END_ALLOW_THREADS
+    } else {
+        dl_iterate_phdr(collect_segments, &segments);
+    }
+    PyObject *result = NULL;
+    if (segments.failed) { PyErr_NoMemory(); goto done; }
+    result = PyTuple_New((Py_ssize_t)segments.count);
+    if (result == NULL) goto done;
+    for (size_t i = 0; i < segments.count; i++) {
+        PyObject *item = Py_BuildValue("(KKO&)", segments.bounds[2 * i], segments.bounds[2 * i + 1],
+                                       PyUnicode_DecodeFSDefault, segments.names[i]);
+        if (item == NULL) { Py_CLEAR(result); goto done; }
+        PyTuple_SET_ITEM(result, (Py_ssize_t)i, item);
+    }
+done:
+    for (size_t i = 0; i < segments.count; i++) free(segments.names[i]);
+    free(segments.names);
+    free(segments.bounds);
+    return result;
+}
+
 /* ---- native backtraces (backtrace.c) ---- */
 
 static PyObject *install_backtrace_handler(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -388,6 +458,9 @@ static PyMethodDef methods[] = {
      "Load glibc's unwinder now (backtrace() allocates on its first call), once per process; "
      "forked children inherit it loaded. It dlopens: the GIL is released meanwhile only with "
      "`release_gil` (safeloader/_loader_lock.py)."},
+    {"code_segments", code_segments, METH_VARARGS,
+     "code_segments($module, release_gil, /)\n--\n\n"
+     "((start, end, name), ...): the loaded objects' executable segments, in load order."},
     {"parse_maps", parse_maps, METH_O,
      "parse_maps($module, data, /)\n--\n\n"
      "(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every "

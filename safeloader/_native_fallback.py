@@ -113,6 +113,53 @@ def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int],
     return all_starts, all_ends, starts, ends, names
 
 
+_PT_LOAD, _PF_X = 1, 1
+
+
+def code_segments(release_gil: bool) -> tuple[tuple[int, int, str], ...]:
+    """((start, end, name), ...): each loaded object's executable segments, through ctypes'
+    dl_iterate_phdr (name "" for the main program), in load order."""
+    import ctypes
+
+    class Phdr(ctypes.Structure):  # Elf64_Phdr / Elf32_Phdr
+        _fields_ = (
+            (("p_type", ctypes.c_uint32), ("p_flags", ctypes.c_uint32), ("p_offset", ctypes.c_uint64),
+             ("p_vaddr", ctypes.c_uint64), ("p_paddr", ctypes.c_uint64), ("p_filesz", ctypes.c_uint64),
+             ("p_memsz", ctypes.c_uint64), ("p_align", ctypes.c_uint64))
+            if ctypes.sizeof(ctypes.c_void_p) == 8 else
+            (("p_type", ctypes.c_uint32), ("p_offset", ctypes.c_uint32), ("p_vaddr", ctypes.c_uint32),
+             ("p_paddr", ctypes.c_uint32), ("p_filesz", ctypes.c_uint32), ("p_memsz", ctypes.c_uint32),
+             ("p_flags", ctypes.c_uint32), ("p_align", ctypes.c_uint32))
+        )
+
+    class Info(ctypes.Structure):
+        _fields_ = (
+            ("dlpi_addr", ctypes.c_size_t),
+            ("dlpi_name", ctypes.c_char_p),
+            ("dlpi_phdr", ctypes.POINTER(Phdr)),
+            ("dlpi_phnum", ctypes.c_uint16),
+        )
+
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+    iterate = (ctypes.PyDLL if not release_gil else ctypes.CDLL)(None).dl_iterate_phdr
+    iterate.argtypes = (callback_type, ctypes.c_void_p)
+    iterate.restype = ctypes.c_int
+    found: list[tuple[int, int, str]] = []
+
+    def visit(info: Any, size: int, data: Any) -> int:
+        object_ = info.contents
+        name = os.fsdecode(object_.dlpi_name or b"")
+        for i in range(object_.dlpi_phnum):
+            header = object_.dlpi_phdr[i]
+            if header.p_type == _PT_LOAD and header.p_flags & _PF_X and header.p_memsz:
+                start = object_.dlpi_addr + header.p_vaddr
+                found.append((start, start + header.p_memsz, name))
+        return 0
+
+    iterate(callback_type(visit), None)
+    return tuple(found)
+
+
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread of a process (tgkill), through libc when it has it."""
     import ctypes

@@ -132,6 +132,13 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
     return _impl.loaded_objects(full, release_gil)
 
 
+def code_segments(release_gil: bool) -> tuple[tuple[int, int, str], ...]:
+    """``((start, end, name), ...)``: each loaded object's executable segments, in load order,
+    as the dynamic loader has them (name ``""`` for the main program; a library's name as it was
+    found, not resolved). The walk holds the loader's lock, as ``loaded_objects``' does."""
+    return _impl.code_segments(release_gil)
+
+
 def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int], list[str]]:
     """(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every
     mapping's bounds, then the bounds and path of each executable mapping of a file (in C, 0.3 ms
