@@ -84,6 +84,9 @@ _ordered: tuple[Hook, ...] = ()  # run order of the after_* phases; rebuilt on c
 _by_phase: dict[str, tuple[Hook, ...]] = {phase: () for phase in PHASES}
 _disabled: set[str] = set()
 _next_seq = 0
+version = 0
+"""Bumped by every change of which hooks run (register, unregister, disable, enable): a loader
+start's later forks reuse the hooks its first fork ran while it is unchanged (``_registry``)."""
 
 
 def _check_callback(phase: str, callback: object, planned: bool = False) -> None:
@@ -248,6 +251,7 @@ def _register(
         ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
         _hooks[name] = hook
         _reorder(ordered)
+        _changed()
     return hook
 
 
@@ -268,6 +272,11 @@ def _ordered_hooks(hooks: dict[str, Hook]) -> tuple[Hook, ...]:
             cycle = ", ".join(f"{h.name!r} runs after {list(h.runs_after)}" for h in pending)
             raise RegistrationError(f"fork hooks cannot be ordered, their runs_after form a cycle: {cycle}")
     return tuple(placed)
+
+
+def _changed() -> None:
+    global version
+    version += 1
 
 
 def _reorder(ordered: tuple[Hook, ...] | None = None) -> None:
@@ -294,6 +303,7 @@ def unregister(hook_or_name: Hook | str) -> Hook:
         hook = _hooks.pop(name)
         _disabled.discard(name)
         _reorder()
+        _changed()
     return hook
 
 
@@ -318,12 +328,14 @@ def disable(hook_or_name: Hook | str) -> None:
     """Stop running a hook (a built-in backend, say) around forks, process-wide."""
     with _lock:
         _disabled.add(_lookup(hook_or_name))
+        _changed()
 
 
 def enable(hook_or_name: Hook | str) -> None:
     """Undo ``disable``."""
     with _lock:
         _disabled.discard(_lookup(hook_or_name))
+        _changed()
 
 
 def check_hook_names(names: Iterable[str]) -> None:

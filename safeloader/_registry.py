@@ -73,6 +73,10 @@ class Arming:
     start_plans: dict[str, Any] | None = None
     """The plans of the ``per_start`` hooks, made at this start's first worker fork: reused at its
     other forks while the parent's threads and loaded libraries are those recorded then."""
+    start_runs: tuple[int, tuple[Hook, ...], tuple[Hook, ...]] | None = None
+    """(``_registration.version``, the hooks whose ``before`` and whose ``after_in_parent`` run at
+    this start's other forks), found at its first: those forks reuse them with its plans, instead of
+    asking every registered hook again whether it runs (fewer objects touched, fewer pages copied)."""
 
 
 _installed = False
@@ -210,19 +214,21 @@ def _run_phase(
     interrupts: list[BaseException],
     plans: dict[str, Any],
     planned_for_start: bool = False,
+    hooks: tuple[Hook, ...] | None = None,
 ) -> list[HookError]:
     """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
     (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
     ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
     runs again (it rolls back its ``before``: it must complete). A backend's ``before`` returns
     its plan into ``plans``; its ``after_*`` receive it from there. ``planned_for_start``: the
-    ``per_start`` hooks' plans are in ``plans`` already, and their ``before`` is not run."""
+    ``per_start`` hooks' plans are in ``plans`` already, and their ``before`` is not run.
+    ``hooks``: exactly the hooks to run (``Arming.start_runs``), already known to run for this fork."""
     errors = []
-    for hook in _registration.by_phase(phase):
+    for hook in _registration.by_phase(phase) if hooks is None else hooks:
         callback = getattr(hook, phase)
-        if planned_for_start and hook.per_start:
+        if hooks is None and planned_for_start and hook.per_start:
             continue
-        if not hook._runs_for(context):
+        if hooks is None and not hook._runs_for(context):
             continue
         for _attempt in range(3 if phase == "after_in_parent" else 1):
             try:
@@ -374,12 +380,21 @@ def _on_before() -> None:
             # gate, the frozen gc, the watchdog's clock for this worker)...
             _import_locks.wait_for_imports_in_other_threads()
         interrupts: list[BaseException] = []
-        errors = _run_phase("before", context, interrupts, plans, planned_for_start)
+        runs = start.start_runs if planned_for_start and start is not None else None
+        if runs is not None and runs[0] != _registration.version:
+            runs = None  # a hook registered, removed, disabled or enabled since the start's first fork
+        _local.after_hooks = runs[2] if runs is not None else None
+        errors = _run_phase("before", context, interrupts, plans, planned_for_start, runs[1] if runs else None)
         if start is not None and not planned_for_start and not errors and not interrupts:
             start.start_plans = {
                 hook.name: plans[hook.name] for hook in _registration.by_phase("before")
                 if hook.per_start and hook.name in plans
             }
+            start.start_runs = (
+                _registration.version,
+                tuple(h for h in _registration.by_phase("before") if not h.per_start and h._runs_for(context)),
+                tuple(h for h in _registration.by_phase("after_in_parent") if h._runs_for(context)),
+            )
         if context is not None:
             _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
@@ -420,7 +435,10 @@ def _close_fork(arming: Arming | None) -> None:
     interrupts: list[BaseException] = []
     try:
         if getattr(_local, "fork_open", False):
-            errors = _run_phase("after_in_parent", context, interrupts, getattr(_local, "plans", _NO_PLANS))
+            errors = _run_phase(
+                "after_in_parent", context, interrupts, getattr(_local, "plans", _NO_PLANS), False,
+                getattr(_local, "after_hooks", None),
+            )
             _local.fork_open = False
             if context is not None and context._carrier and arming is not None:
                 arming.errors.extend(errors)
@@ -429,6 +447,7 @@ def _close_fork(arming: Arming | None) -> None:
     finally:
         _local.pending = _NO_FORK
         _local.plans = _NO_PLANS
+        _local.after_hooks = None
         _local.parent_failed = False
         if getattr(_local, "fork_entered", False):
             _loader_lock.leave_fork()  # then unmarked: cut short between the two, a second leave is harmless

@@ -286,6 +286,37 @@ def test_a_per_start_plan_is_made_again_at_a_fork_after_an_import(tmp_path):
     assert sorted(marker.read_text().split()) == ["0:plan1", "1:plan2"]
 
 
+@pytest.mark.parametrize("change", ["register", "disable"])
+def test_a_hook_registered_or_disabled_between_two_forks_of_a_start_is_honoured_at_the_next(change, tmp_path):
+    # A start's later forks run the hooks its first fork ran (Arming.start_runs) unless the
+    # registrations changed in between: a hook registered then runs, one disabled then does not.
+    ran = tmp_path / "ran"
+
+    def note(what: str) -> None:
+        with open(ran, "a") as f:
+            f.write(f"{what} ")
+
+    if change == "disable":
+        safeloader.register_at_fork(before=lambda: note("t.late"), name="t.late")
+    calls = []
+
+    def change_after_the_first_fork() -> None:
+        calls.append(1)
+        if len(calls) == 1 and change == "register":
+            safeloader.register_at_fork(before=lambda: note("t.late"), name="t.late")
+        elif len(calls) == 1:
+            safeloader.disable("t.late")
+
+    safeloader.register_at_fork(after_in_parent=change_after_the_first_fork, name="t.changer")
+    try:
+        assert len(list(safeloader.DataLoader(list(range(6)), batch_size=2, num_workers=3))) == 3
+    finally:
+        if change == "disable":
+            safeloader.enable("t.late")
+    expected = {"register": ["t.late", "t.late"], "disable": ["t.late"]}[change]
+    assert ran.read_text().split() == expected
+
+
 def test_a_per_start_backend_with_after_in_parent_is_refused():
     class Undoer(safeloader.Backend):
         name = "t.undoer"
