@@ -57,10 +57,9 @@ class _Segments:
         if i < 0 or address >= self.ends[i]:
             return None
         name = self.names[i]
-        resolved = self._resolved.get(name, False)
-        if resolved is False:
-            resolved = self._resolved[name] = _resolve(name)
-        return resolved
+        if name not in self._resolved:
+            self._resolved[name] = _resolve(name)
+        return self._resolved[name]
 
     def mapping_end(self, address: int) -> int | None:
         end = _vma_end(address)
