@@ -1,7 +1,8 @@
-"""Two hangs torch leaves silent: a parent thread inside glibc's dynamic loader while workers
+"""Hangs torch leaves silent: a parent thread inside glibc's dynamic loader while workers
 fork (safeloader waits for it and forks healthy workers), and GNU OpenMP used with more than
 one thread after the parent ran a parallel region (with safeloader's threadpools backend
-disabled, the stall report names it and the disabled backend).
+disabled, the stall report names it and the disabled backend), a parent thread drawing random numbers
+while workers fork (safeloader makes torch's generator lock new in the worker).
 Each runs in a child under a deadline; torch's own loader is shown to hang on the same code."""
 
 from __future__ import annotations
@@ -46,3 +47,17 @@ def test_a_gnu_openmp_hang_names_the_disabled_threadpools_backend():
     assert "GNU OpenMP (libgomp)" in result.stdout, result
     assert "safeloader's 'threadpools' backend is disabled for this loader" in result.stdout, result
     assert "no 'openmp' backend" not in result.stdout
+
+
+# Another parent thread is inside a CPU random op (torch's default generator's lock held, the GIL
+# released) while the loader forks: torch's worker waits forever in its first torch.manual_seed.
+# Seen on CI as loaders started from eight threads (one thread's seed draw, another's fork).
+@pytest.mark.torch_baseline
+def test_torch_hangs_when_a_parent_thread_draws_random_numbers_at_fork():
+    assert run_script("generator_lock_at_fork.py", "torch", timeout=30, expect_hang=True).timed_out
+
+
+def test_safeloader_workers_seed_and_draw_while_a_parent_thread_draws_random_numbers():
+    result = run_script("generator_lock_at_fork.py", "safeloader", timeout=90)
+    assert not result.timed_out and result.returncode == 0, result
+    assert result.stdout.splitlines() == ["[0, 1, 2, 3] True", "done"], result

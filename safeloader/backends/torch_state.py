@@ -1,4 +1,5 @@
-"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised.
+"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised, and torch's
+random generator's lock made new in the worker when another parent thread held it at the fork.
 
 How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
 """
@@ -12,6 +13,7 @@ from .. import hook_names
 from .._registry import fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ._backend import Backend
+from ._generator_lock import release_abandoned
 
 NAME = hook_names.TORCH
 
@@ -46,7 +48,10 @@ class _RefuseLazyInit:
 
 class TorchBackend(Backend):
     name = hook_names.TORCH
-    description = 'a worker that touches CUDA/XPU initialised in the parent gets a clear error'
+    description = (
+        "a worker that touches CUDA/XPU initialised in the parent gets a clear error; torch's random "
+        "generator lock, held by another parent thread at the fork, is made new in the worker"
+    )
     plan_per_start = True
     requires = ("torch",)
 
@@ -55,6 +60,7 @@ class TorchBackend(Backend):
         return initialised_accelerators()
 
     def after_in_child(self, plan: tuple[str, ...] | None) -> None:
+        release_abandoned()  # before torch's worker loop seeds the generator (docs/internals.md)
         for accelerator in plan or ():
             module: Any = sys.modules.get(f"torch.{accelerator}")
             if module is not None:

@@ -1,0 +1,54 @@
+"""torch's default CPU generator's lock, left held in a forked worker by a parent thread that was
+drawing random numbers at the fork, made new there.
+
+How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+_OBJECT_HEAD = 16  # PyObject_HEAD: the THPGenerator's at::Generator (one pointer) follows it
+_MUTEX_OFFSET = 16  # in GeneratorImpl: vtable pointer, then the reference counts (8 bytes)
+_MUTEX_SIZE = 40  # glibc's pthread_mutex_t on 64-bit Linux
+_CPU_DEVICE = b"\x00\xff"  # c10::Device(kCPU, -1), right after the mutex
+
+
+def _mutex_address(ctypes: Any, generator: Any) -> int | None:
+    impl = ctypes.c_void_p.from_address(id(generator) + _OBJECT_HEAD).value
+    return impl + _MUTEX_OFFSET if impl else None
+
+
+def _layout_known(ctypes: Any, torch: Any) -> bool:
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or not sys.platform.startswith("linux"):
+        return False
+    fresh = torch.Generator()  # its mutex is unlocked: nobody else has it
+    address = _mutex_address(ctypes, fresh)
+    if address is None:
+        return False
+    raw = ctypes.string_at(address, _MUTEX_SIZE + len(_CPU_DEVICE))
+    return raw[:_MUTEX_SIZE] == bytes(_MUTEX_SIZE) and raw[_MUTEX_SIZE:] == _CPU_DEVICE
+
+
+def release_abandoned() -> bool:
+    """In a forked child: make torch's default CPU generator's lock new if a thread the child does not
+    have holds it. True when it did."""
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is None:
+        return False
+    import ctypes
+
+    if not _layout_known(ctypes, torch):
+        return False
+    address = _mutex_address(ctypes, generator)
+    if address is None:
+        return False
+    lock = ctypes.c_int.from_address(address).value  # __lock
+    owner = ctypes.c_int.from_address(address + 8).value  # __owner: the holder's thread id
+    if lock == 0 or owner in (0, threading.get_native_id()):
+        return False
+    ctypes.memset(address, 0, _MUTEX_SIZE)  # PTHREAD_MUTEX_INITIALIZER
+    return True

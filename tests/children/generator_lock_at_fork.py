@@ -1,0 +1,44 @@
+"""A parent thread draws random numbers (torch's default CPU generator, its lock held with the
+GIL released) while the main thread's loader forks its workers.
+
+A worker inherits the lock held by a thread it does not have: torch's worker loop waits forever
+in its first ``torch.manual_seed``. argv: ``torch`` or ``safeloader``. Prints the batches, each
+item's index with a random draw made in the worker, then ``done``.
+"""
+
+import sys
+import threading
+
+import torch
+
+import safeloader
+
+DataLoader = torch.utils.data.DataLoader if sys.argv[1] == "torch" else safeloader.DataLoader
+
+
+class Draws(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i, int(torch.randint(0, 1000, ()).item())  # the worker's generator works too
+
+
+drawing, stop = threading.Event(), threading.Event()
+values = torch.empty(100_000_000)
+
+
+def draw():
+    while not stop.is_set():
+        drawing.set()
+        values.uniform_()  # about 0.5 s each, holding the default generator's lock
+
+
+thread = threading.Thread(target=draw, daemon=True)
+thread.start()
+drawing.wait()
+loader = DataLoader(Draws(), batch_size=1, num_workers=2, **({} if sys.argv[1] == "torch" else {"stall_timeout": 30}))
+batches = [(int(index), int(value)) for index, value in loader]
+stop.set()
+print(sorted(index for index, _ in batches), all(0 <= value < 1000 for _, value in batches), flush=True)
+print("done", flush=True)
