@@ -61,3 +61,10 @@ def test_safeloader_workers_seed_and_draw_while_a_parent_thread_draws_random_num
     result = run_script("generator_lock_at_fork.py", "safeloader", timeout=90)
     assert not result.timed_out and result.returncode == 0, result
     assert result.stdout.splitlines() == ["[0, 1, 2, 3] True", "done"], result
+
+
+def test_with_the_torch_backend_disabled_the_stall_report_names_the_generator_lock():
+    result = run_script("generator_lock_at_fork.py", "torch-off", timeout=90)
+    assert not result.timed_out and "STALL" in result.stdout, result
+    assert "torch's random generator lock" in result.stdout, result
+    assert "safeloader's 'torch' backend is disabled for this loader" in result.stdout, result

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from .. import _registry, native
+from .. import _registry, hook_names, native
 from .._torch_internals import WORKER_LOOP_NAMES
 from . import native_libraries, stacks
 from .stacks import NativeThread, PythonThread
@@ -179,6 +179,14 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
     if pool is not None:
         return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
+    if _in_torch_random(main_files, main_symbols):
+        return (
+            "torch's random generator lock: the worker's main thread waits for the lock of torch's default CPU "
+            "generator (torch.manual_seed or a random op). Another thread of the parent was inside a CPU random op "
+            "(which holds that lock with the GIL released) at the moment of the fork, so the lock stays held "
+            f"forever in the worker. Fix: {_hook_state(hook_names.TORCH, watch)} (it makes that lock new in each "
+            "worker), or keep other threads from drawing random numbers on the CPU while workers start."
+        )
     if _in_dynamic_loader(main_native, main_symbols):
         return (
             "glibc's dynamic-loader lock: the worker's main thread waits in dlopen (loading a shared library, "
@@ -278,6 +286,12 @@ def _parent_thread_names() -> str:
         if name and name not in ("python", "python3", "pt_main_thread"):
             counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
+
+
+def _in_torch_random(main_files: list[str], main_symbols: list[str]) -> bool:
+    """Whether the main thread waits on a mutex inside torch's random module (manual_seed, seed)."""
+    in_random = any(f.endswith(os.path.join("torch", "random.py")) for f in main_files[:3])
+    return in_random and any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols)
 
 
 _LOADER_SYMBOLS = ("dlopen", "dl_open", "dl_catch", "dl_map_object", "libc_dlopen", "dl_open_worker")

@@ -2,8 +2,10 @@
 GIL released) while the main thread's loader forks its workers.
 
 A worker inherits the lock held by a thread it does not have: torch's worker loop waits forever
-in its first ``torch.manual_seed``. argv: ``torch`` or ``safeloader``. Prints the batches, each
-item's index with a random draw made in the worker, then ``done``.
+in its first ``torch.manual_seed``. argv: ``torch``, ``safeloader``, or ``torch-off``
+(safeloader with its "torch" backend disabled: the stall report must name the lock). Prints the
+items' indices and whether each worker's random draw was in range, then ``done``; ``STALL`` and the
+report where the watchdog stopped the workers.
 """
 
 import sys
@@ -14,6 +16,11 @@ import torch
 import safeloader
 
 DataLoader = torch.utils.data.DataLoader if sys.argv[1] == "torch" else safeloader.DataLoader
+OPTIONS = {
+    "torch": {},
+    "safeloader": {"stall_timeout": 30},
+    "torch-off": {"stall_timeout": 5, "disable_hooks": ("torch",)},
+}
 
 
 class Draws(torch.utils.data.Dataset):
@@ -37,8 +44,13 @@ def draw():
 thread = threading.Thread(target=draw, daemon=True)
 thread.start()
 drawing.wait()
-loader = DataLoader(Draws(), batch_size=1, num_workers=2, **({} if sys.argv[1] == "torch" else {"stall_timeout": 30}))
-batches = [(int(index), int(value)) for index, value in loader]
-stop.set()
+loader = DataLoader(Draws(), batch_size=1, num_workers=2, **OPTIONS[sys.argv[1]])
+try:
+    batches = [(int(index), int(value)) for index, value in loader]
+except safeloader.WorkerStallError as error:
+    print("STALL", error, flush=True)
+    sys.exit(0)
+finally:
+    stop.set()
 print(sorted(index for index, _ in batches), all(0 <= value < 1000 for _, value in batches), flush=True)
 print("done", flush=True)
