@@ -13,7 +13,7 @@ from .. import hook_names
 from .._registry import fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ._backend import Backend
-from ._generator_lock import release_abandoned
+from ._generator_lock import default_mutex, release_abandoned
 
 NAME = hook_names.TORCH
 
@@ -57,6 +57,7 @@ class TorchBackend(Backend):
 
     def before(self) -> tuple[str, ...]:
         """The accelerators the parent initialised: the worker refuses them."""
+        default_mutex()  # found here once, in the parent: every worker inherits it
         return initialised_accelerators()
 
     def after_in_child(self, plan: tuple[str, ...] | None) -> None:
