@@ -8,12 +8,15 @@ items' indices and whether each worker's random draw was in range, then ``done``
 report where the watchdog stopped the workers.
 """
 
+import ctypes
 import sys
 import threading
+import time
 
 import torch
 
 import safeloader
+from safeloader.backends._generator_lock import default_mutex
 
 DataLoader = torch.utils.data.DataLoader if sys.argv[1] == "torch" else safeloader.DataLoader
 OPTIONS = {
@@ -44,6 +47,12 @@ def draw():
 thread = threading.Thread(target=draw, daemon=True)
 thread.start()
 drawing.wait()
+# Fork while the lock is held, not in a gap between two draws (on a loaded machine the main thread
+# can otherwise take the GIL back between them): wait until glibc's __lock word says it is held.
+lock_word = default_mutex()
+deadline = time.monotonic() + 10
+while lock_word is not None and ctypes.c_int.from_address(lock_word).value == 0 and time.monotonic() < deadline:
+    time.sleep(0.001)
 loader = DataLoader(Draws(), batch_size=1, num_workers=2, **OPTIONS[sys.argv[1]])
 try:
     batches = [(int(index), int(value)) for index, value in loader]
