@@ -124,6 +124,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
     # torch's code ends start() (failure). Each step undoing the start is repeated until no
     # interrupt cut it short.
     watch = arming = iterator = failure = None
+    lacking: tuple[unsafe_fork.Hazard, ...] = ()
     try:
         # Python 3.14 made forkserver the default: forked on Linux all the same, unless the user set
         # a start method explicitly with set_start_method() (the rule: safeloader_start_method).
@@ -174,6 +175,11 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
                     break
                 except BaseException:  # another interrupt: the first one is raised
                     pass
+        # A worker forked anyway (on_unsafe_fork "warn"/"ignore") that the library it lacks killed
+        # before the start ended: torch's SIGCHLD handler raised it here, not in the iterator.
+        explained = unsafe_fork.dead_worker_error(failure, lacking)
+        if explained is not None:
+            raise explained from failure
         raise failure
     assert arming is not None
     if arming.unrecognised and not arming.recognised:

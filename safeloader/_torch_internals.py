@@ -244,15 +244,31 @@ Wait = Callable[[Any, Callable[[float], tuple[bool, Any]], float], tuple[bool, A
 """``wait(iterator, torch_wait, timeout)``: waits for one batch, calling ``torch_wait(seconds)``."""
 
 
-def waiting_with(cls: type, wait: Wait, module: str) -> type:
+def waiting_with(cls: type, wait: Wait, module: str,
+                 explain: Callable[[Any, RuntimeError], RuntimeError | None]) -> type:
     """A subclass of torch's multiprocessing iterator class ``cls`` whose wait for one batch
-    (``_try_get_data``, what its ``_get_data`` calls) is ``wait``, around torch's own."""
+    (``_try_get_data``, what its ``_get_data`` calls) is ``wait``, around torch's own, and whose
+    ``__next__`` raises ``explain(iterator, error)`` instead of a RuntimeError it returns one for.
+
+    The error is taken at ``__next__``, not in the wait: torch's SIGCHLD handler raises "DataLoader
+    worker ... is killed by signal" wherever the main thread is when a worker dies."""
     torch_wait = getattr(cls, TRY_GET_DATA)
+    torch_next = cls.__next__  # type: ignore[attr-defined]
 
     def try_get_data(self: Any, timeout: float = 5.0) -> tuple[bool, Any]:  # torch's default interval
         return wait(self, lambda seconds: torch_wait(self, seconds), timeout)
 
-    return type(f"Watched{cls.__name__}", (cls,), {TRY_GET_DATA: try_get_data, "__module__": module})
+    def next_batch(self: Any) -> Any:
+        try:
+            return torch_next(self)
+        except RuntimeError as error:
+            explained = explain(self, error)
+            if explained is None:
+                raise
+            raise explained from error
+
+    return type(f"Watched{cls.__name__}", (cls,),
+                {TRY_GET_DATA: try_get_data, "__next__": next_batch, "__module__": module})
 
 
 def result_queue_of_worker_loop(frame: Any) -> Any:

@@ -578,14 +578,7 @@ def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]
     while True:
         step = min(remaining, watch.poll_interval)
         started = time.monotonic()
-        try:
-            success, data = torch_wait(step)
-        except RuntimeError as exc:  # torch's "DataLoader worker ... exited unexpectedly / killed by signal"
-            if watch.lacking and str(exc).startswith("DataLoader worker"):
-                from .diagnostics import unsafe_fork
-
-                raise RuntimeError(f"{exc} {unsafe_fork.explain_dead_worker(watch.lacking)}") from exc
-            raise
+        success, data = torch_wait(step)
         ended = time.monotonic()
         if ended - started > step + max(1.0, step):
             # This process was not running (stopped, suspended): nor, likely, were its
@@ -602,6 +595,17 @@ def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]
             return False, None
 
 
+def _explain_dead_worker(iterator: Any, error: RuntimeError) -> RuntimeError | None:
+    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal", with which library
+    the parent held at the fork where the workers were forked anyway (``watch.lacking``)."""
+    watch: Watch = iterator._safeloader_watch
+    if not watch.lacking:
+        return None
+    from .diagnostics import unsafe_fork
+
+    return unsafe_fork.dead_worker_error(error, watch.lacking)
+
+
 _watched_classes: dict[type, type] = {}
 
 
@@ -612,7 +616,8 @@ def attach(iterator: Any, watch: Watch) -> None:
         return  # not an iterator with workers we know how to watch
     watched = _watched_classes.get(cls)
     if watched is None:
-        watched = _watched_classes[cls] = _torch_internals.waiting_with(cls, _wait_watching, __name__)
+        watched = _torch_internals.waiting_with(cls, _wait_watching, __name__, _explain_dead_worker)
+        _watched_classes[cls] = watched
     iterator._safeloader_watch = watch
     iterator.__class__ = watched
 

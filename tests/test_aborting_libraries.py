@@ -50,6 +50,8 @@ def test_numba_remedy_is_named_and_its_workqueue_layer_forks_with_no_warning():
 @pytest.mark.parametrize("case, named", [
     ("numba", "numba's native threads (omppool."),
     ("tensorstore", "tensorstore's native threads (_tensorstore."),
+    # torch's SIGCHLD handler raises the dead worker's error while its iterator is being built.
+    ("tensorstore-at-start", "tensorstore's native threads (_tensorstore."),
 ])
 def test_forked_anyway_the_dead_workers_error_names_the_library_and_the_remedies(case, named):
     # on_unsafe_fork="warn": the workers are forked and the library terminates them, as under torch;

@@ -172,6 +172,14 @@ def explain_dead_worker(found: tuple[Hazard, ...]) -> str:
     )
 
 
+def dead_worker_error(error: BaseException, found: tuple[Hazard, ...]) -> RuntimeError | None:
+    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal" with which library the
+    parent held at the fork (``found``), or None for another error or where it held none."""
+    if not found or not isinstance(error, RuntimeError) or not str(error).startswith("DataLoader worker"):
+        return None
+    return RuntimeError(f"{error} {explain_dead_worker(found)}")
+
+
 def _remedies(found: list[Hazard]) -> str:
     notes = "".join(f" {h.package}: {h.note}." for h in found if h.note)
     return (

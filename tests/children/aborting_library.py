@@ -2,8 +2,10 @@
 numba's parallel functions on its OpenMP threading layer (or, as the control, on its fork-safe
 workqueue layer), or a TensorStore array. The parent uses it first; 2 workers read 8 items.
 
-argv: ``numba``, ``numba-workqueue`` or ``tensorstore``; ``torch``, ``safeloader`` (whose
-DataLoader) or ``safeloader-warn`` (``on_unsafe_fork="warn"``: forked anyway). Prints the
+argv: ``numba``, ``numba-workqueue``, ``tensorstore`` or ``tensorstore-at-start`` (each worker
+uses TensorStore in ``worker_init_fn`` while the parent's sampler takes a second for its first
+index: the worker dies while torch's iterator is still being built); ``torch``, ``safeloader``
+(whose DataLoader) or ``safeloader-warn`` (``on_unsafe_fork="warn"``: forked anyway). Prints the
 items (``equal to the direct read``, or the error's type and first line), then each warning's
 category and first line (but Python 3.12+'s DeprecationWarning on forking a multi-threaded
 process).
@@ -12,6 +14,7 @@ process).
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 case, which = sys.argv[1:]
@@ -56,7 +59,7 @@ else:
 
 
 if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
-    if case == "tensorstore":
+    if case.startswith("tensorstore"):
         path = tempfile.mkdtemp()
         metadata = {"shape": [80, 10], "chunks": [10, 10], "dtype": "<f8"}
         tensorstore.open({**spec(path), "metadata": metadata}, create=True).result().write(
@@ -74,10 +77,19 @@ if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
 
         if which == "safeloader-warn":
             safeloader.configure(on_unsafe_fork="warn")
+    options = {}
+    if case == "tensorstore-at-start":
+
+        def slow_first_index():
+            time.sleep(1)  # in torch's iterator __init__ (its first prefetch), after the forks
+            yield from range(8)
+
+        options = {"sampler": slow_first_index(), "worker_init_fn": lambda worker_id: dataset[0]}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            items = [float(x) for batch in DataLoader(dataset, batch_size=4, num_workers=2) for x in batch]
+            loader = DataLoader(dataset, batch_size=4, num_workers=2, **options)
+            items = [float(x) for batch in loader for x in batch]
             print("equal to the direct read" if items == direct else f"wrong: {items} != {direct}")
         except Exception as exc:
             print(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")

@@ -55,7 +55,11 @@ while lock_word is not None and ctypes.c_int.from_address(lock_word).value == 0 
     time.sleep(0.001)
 loader = DataLoader(Draws(), batch_size=1, num_workers=2, **OPTIONS[sys.argv[1]])
 try:
-    batches = [(int(index), int(value)) for index, value in loader]
+    batches = iter(loader)  # the workers are forked here
+    # Drawing stops once they are: the lock they inherited stays as it was at their fork, and a
+    # parent that no longer works lets the test see torch's hang within seconds (tests/subproc.py).
+    stop.set()
+    batches = [(int(index), int(value)) for index, value in batches]
 except safeloader.WorkerStallError as error:
     print("STALL", error, flush=True)
     sys.exit(0)
