@@ -18,6 +18,7 @@ from tests.children.zarr_blocks import ZarrBlocks, matches_direct_read, record_a
 from tests.zarrs_data import write_arrays
 
 OUT, MODE = sys.argv[1], sys.argv[2]
+TIMEOUT = 5 if MODE == "torch" else 20  # torch's workers hang on their first item: seen after 5 s
 PATH = write_arrays(OUT)["plain"]
 
 if MODE != "torch":
@@ -36,7 +37,8 @@ shuffle = MODE != "stateful"  # resuming is checked against the plain order
 
 def new_loader():
     return DataLoader(
-        dataset, batch_size=2, shuffle=shuffle, num_workers=2, timeout=20, generator=torch.Generator().manual_seed(0)
+        dataset, batch_size=2, shuffle=shuffle, num_workers=2, timeout=TIMEOUT,
+        generator=torch.Generator().manual_seed(0),
     )
 
 

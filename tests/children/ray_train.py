@@ -34,7 +34,8 @@ def train_loop(config):
 
     dataset = config["dataset"]
     dataset[0]  # the training process decodes first: zarrs' pool now exists here
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, timeout=20)
+    # torch's workers hang on their first item: seen after 5 s (armed ones get 20 s on a loaded machine)
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, timeout=20 if config["install"] else 5)
     loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
     seen, correct = [], True
     for indices, blocks in loader:
