@@ -56,12 +56,13 @@ test: setup
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The newest stack checks safeloader itself; the torch_baseline tests (torch's own loader
-# failing on the same code, mostly waiting out a hang's deadline) run in `make test`.
+# failing on the same code, mostly waiting out a hang's deadline) and the tooling tests (the
+# benchmark harness and the demo, each a few fresh interpreters) run in `make test`.
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
 	$(PY_LATEST) -m mkdocs build --strict --quiet --site-dir build/site-latest
 	$(PY_LATEST) -m compileall -q safeloader tests benchmarks
-	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline"
+	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline and not tooling"
 
 # The pins resolve on the public package index alone (metadata only, nothing installed):
 # catches a pin that only a local wheel folder or pip configuration could satisfy.

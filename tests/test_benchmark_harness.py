@@ -14,7 +14,7 @@ from benchmarks.threads import SpdlLoader, ThreadPoolLoader
 
 from .subproc import run_python
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.tooling]
 
 ROOT = Path(__file__).resolve().parent.parent
 

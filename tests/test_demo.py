@@ -13,6 +13,7 @@ from .subproc import run_python
 FORMATS = ("zarr array, zstd, read through zarrs", "HDF5 file, gzip chunks (h5py)", "npz archive (np.load)")
 
 
+@pytest.mark.tooling
 @pytest.mark.timeout(180)
 def test_demo_table_shows_safeloader_correct_for_every_format():
     result = run_python(

@@ -350,7 +350,8 @@ def test_loader_pickles_where_torch_does(case):
             copy = pickle.loads(pickle.dumps(safe_loader))
             assert copy.zarrs_mode == "serial" and copy.num_workers == safe_loader.num_workers
             assert torch.cat(list(copy)).tolist() == dataset
-        list(torch_loader), list(safe_loader)
+        if epoch == 0:
+            list(torch_loader), list(safe_loader)  # (each spawn start costs a torch import)
     for loader in (torch_loader, safe_loader):
         if loader._iterator is not None:  # persistent workers live as long as their loader
             loader._iterator._shutdown_workers()
