@@ -162,22 +162,17 @@ def _forkserver_unusable(loader: Any) -> str | None:
     return None
 
 
-def explain_dead_worker(found: tuple[Hazard, ...]) -> str:
-    """What to tell a user whose forked worker died, the parent having held ``found`` at the fork."""
-    held = "; ".join(str(hazard) for hazard in found)
-    return (
-        f"safeloader: this loader forked its workers from a process holding {held} (on_unsafe_fork='warn' or "
-        f"'ignore'), which a forked worker inherits without its threads: a library can terminate such a worker "
-        f"itself (its message is on stderr above).{_remedies(list(found))}"
-    )
-
-
 def dead_worker_error(error: BaseException, found: tuple[Hazard, ...]) -> RuntimeError | None:
-    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal" with which library the
-    parent held at the fork (``found``), or None for another error or where it held none."""
+    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal", saying which library
+    the parent held at the fork (``found``) and what to do; None for another error or where it held none."""
     if not found or not isinstance(error, RuntimeError) or not str(error).startswith("DataLoader worker"):
         return None
-    return RuntimeError(f"{error} {explain_dead_worker(found)}")
+    held = "; ".join(str(hazard) for hazard in found)
+    return RuntimeError(
+        f"{error} safeloader: this loader forked its workers from a process holding {held} (on_unsafe_fork='warn' "
+        f"or 'ignore'), which a forked worker inherits without its threads: a library can terminate such a worker "
+        f"itself (its message is on stderr above).{_remedies(list(found))}"
+    )
 
 
 def _remedies(found: list[Hazard]) -> str:
