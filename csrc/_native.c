@@ -6,7 +6,8 @@
  *   (a C library calling fork() directly), which os.register_at_fork misses.
  * - thread_ids(): the kernel thread ids of every OS thread of this process,
  *   read from /proc/self/task, including threads Python did not start
- *   (Rust/rayon, OpenMP, OpenBLAS, gloo...).
+ *   (Rust/rayon, OpenMP, OpenBLAS, gloo...); threads_within() checks them against
+ *   an earlier list without allocating (between a loader start's forks).
  * - install_backtrace_handler() / release_backtrace_handler() / warm_backtrace() /
  *   signal_thread(): signal-safe native backtraces of a stuck worker's threads,
  *   for the stall watchdog (backtrace.c), on a signal nobody else holds:
@@ -56,11 +57,13 @@
 #include <Python.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stddef.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -108,6 +111,66 @@ static PyObject *thread_ids(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unuse
     closedir(dir);
     if (PyList_Sort(result) < 0) { Py_DECREF(result); return NULL; }
     return result;
+}
+
+/* threads_within(known) -> bool: whether every thread of this process now is in `known`, a sorted
+ * tuple of thread ids (thread_ids() of an earlier call; threads that ended since do not count).
+ * For the parent between a loader start's worker forks, where every object allocated or freed
+ * writes a page the workers forked so far share (a copy-on-write fault each): nothing is allocated
+ * here, Python's or malloc's (getdents64 into a buffer on the stack, not opendir), and `known` is
+ * only read. */
+struct tid_dirent64 {
+    unsigned long long d_ino;
+    long long d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+static int tid_known(PyObject *known, long tid) {
+    Py_ssize_t low = 0, high = PyTuple_GET_SIZE(known);
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        long value = PyLong_AsLong(PyTuple_GET_ITEM(known, middle));
+        if (value == -1 && PyErr_Occurred()) return -1;
+        if (value == tid) return 1;
+        if (value < tid) low = middle + 1;
+        else high = middle;
+    }
+    return 0;
+}
+
+static PyObject *threads_within(PyObject *Py_UNUSED(self), PyObject *known) {
+    if (!PyTuple_Check(known)) {
+        PyErr_Format(PyExc_TypeError, "threads_within: known must be a tuple, got %.100s", Py_TYPE(known)->tp_name);
+        return NULL;
+    }
+    int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/task");
+    _Alignas(8) char buffer[4096];
+    int within = 1;
+    while (within) {
+        long count = syscall(SYS_getdents64, fd, buffer, sizeof buffer);
+        if (count < 0) {
+            int error = errno;
+            close(fd);
+            errno = error;
+            return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/task");
+        }
+        if (count == 0) break;
+        for (long position = 0; position < count && within;) {
+            struct tid_dirent64 *entry = (struct tid_dirent64 *)(buffer + position);
+            position += entry->d_reclen;
+            char *end;
+            long tid = strtol(entry->d_name, &end, TID_BASE);
+            if (entry->d_name[0] == '\0' || *end != '\0') continue;  /* "." and ".." */
+            int found = tid_known(known, tid);
+            if (found < 0) { close(fd); return NULL; }
+            within = found;
+        }
+    }
+    close(fd);
+    return PyBool_FromLong(within);
 }
 
 /* Every open descriptor as (fd, st_mode, st_dev, st_ino), for the fork hooks that must
@@ -429,6 +492,10 @@ static PyMethodDef methods[] = {
     {"thread_ids", thread_ids, METH_NOARGS,
      "thread_ids($module, /)\n--\n\n"
      "Sorted kernel thread ids of every OS thread of this process."},
+    {"threads_within", threads_within, METH_O,
+     "threads_within($module, known, /)\n--\n\n"
+     "Whether every thread of this process now is in `known`, a sorted tuple of thread ids "
+     "(threads that ended since do not count); allocates nothing."},
     {"descriptor_table", descriptor_table, METH_NOARGS,
      "descriptor_table($module, /)\n--\n\n"
      "Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."},

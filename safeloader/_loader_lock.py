@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # A C lock, entered only with ``with _lock`` over a few bytecodes: a signal handler's exception
 # (Ctrl-C) cannot leave it held, as it can a Condition's, whose enter and wait are Python code.
@@ -62,7 +65,7 @@ def section() -> Iterator[bool]:
     counted = False  # set with the count, in straight-line code: an interrupt cannot fall between
     try:
         with _lock:
-            release = not any(ident != me for ident in _forking)
+            release = _may_release(me)
             if release:
                 _released += 1
                 counted = True
@@ -71,3 +74,31 @@ def section() -> Iterator[bool]:
         if counted:
             with _lock:
                 _released -= 1
+
+
+def in_section(work: Callable[[bool], T]) -> T:
+    """``work(release)`` as ``with section() as release: work(release)`` runs it, with no generator
+    or context manager made: the parent runs this between a loader start's worker forks, where each
+    object made or freed writes a page that the workers forked so far share (one copy each)."""
+    global _released
+    me = threading.get_ident()
+    counted = False  # as in section()
+    try:
+        with _lock:
+            release = _may_release(me)
+            if release:
+                _released += 1
+                counted = True
+        return work(release)
+    finally:
+        if counted:
+            with _lock:
+                _released -= 1
+
+
+def _may_release(me: int) -> bool:
+    """Whether no thread but ``me`` is inside a fork (``_lock`` held)."""
+    for ident in _forking:
+        if ident != me:
+            return False
+    return True

@@ -49,6 +49,11 @@ def thread_ids() -> list[int]:
     return sorted(int(name) for name in os.listdir("/proc/self/task"))
 
 
+def threads_within(known: tuple[int, ...]) -> bool:
+    """Whether every thread of this process now is in ``known`` (thread ids, sorted)."""
+    return set(thread_ids()) <= set(known)
+
+
 def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
     """Every open descriptor of this process as (fd, st_mode, st_dev, st_ino), in listing order."""
     table = []

@@ -169,14 +169,23 @@ class _DynamicLinker:
         """Paths of the loaded objects, in load order. Listed again only when something
         was loaded or unloaded since the last call: a full walk costs more per fork
         in a torch process than the check."""
-        with _loader_lock.section() as release:
-            counters, _ = native.loaded_objects(False, release)
+        counters = loaded_counters()
         if counters is not None and counters == self._loaded[0]:
             return self._loaded[1]
         with _loader_lock.section() as release:
             counters, names = native.loaded_objects(True, release)
         self._loaded = (counters, names or ())
         return self._loaded[1]
+
+
+def _loaded_counters(release: bool) -> tuple[tuple[int, int] | None, None]:
+    return native.loaded_objects(False, release)  # type: ignore[return-value]
+
+
+def loaded_counters() -> tuple[int, int] | None:
+    """The dynamic loader's (loads, unloads) counters: a different value means a library was
+    loaded or unloaded meanwhile. None where they cannot be read."""
+    return _loader_lock.in_section(_loaded_counters)[0]
 
 
 _linker: _DynamicLinker | None = None
@@ -325,7 +334,7 @@ _recorded_for: weakref.ref[object] | None = None
 class _LoaderForks:
     arming: weakref.ref[object]
     known: dict[tuple[int, str], ForeignThread] = field(default_factory=dict)
-    thread_ids: list[int] | None = None
+    thread_ids: tuple[int, ...] | None = None
     state: ForkState | None = None
     modules: object = None
     """``_imports.modules_state()`` at the last record: an import may change a backend's plan."""
@@ -354,7 +363,7 @@ def record() -> ForkState:
         forks = _loader_forks
         if forks is None or forks.arming() is not arming:
             forks = _loader_forks = _LoaderForks(weakref.ref(arming))
-        thread_ids = native.thread_ids()
+        thread_ids = tuple(native.thread_ids())
         libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
         if forks.state is not None and forks.thread_ids == thread_ids and forks.state.libraries is libraries:
             _recorded = forks.state
@@ -399,9 +408,8 @@ def unchanged_since_record() -> bool:
         return False
     if forks.state.libraries is not _dynamic_linker().loaded() or forks.modules != modules_state():
         return False
-    thread_ids = native.thread_ids()
     # A thread that ended since makes no plan wrong (a pool's threads are planned for as live).
-    return thread_ids == forks.thread_ids or set(thread_ids) <= set(forks.thread_ids or ())
+    return forks.thread_ids is not None and native.threads_within(forks.thread_ids)
 
 
 def register() -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "NATIVE",
     "ThreadCensus",
     "descriptor_table",
+    "foreign_thread_ids",
     "fork_generation",
     "install_backtrace_handler",
     "loaded_objects",
@@ -38,6 +39,7 @@ __all__ = [
     "signal_thread",
     "thread_census",
     "thread_ids",
+    "threads_within",
     "warm_backtrace",
 ]
 
@@ -54,6 +56,14 @@ def fork_generation() -> int:
 def thread_ids() -> list[int]:
     """Sorted kernel thread ids (TIDs) of every OS thread of this process."""
     return _impl.thread_ids()
+
+
+def threads_within(known: tuple[int, ...]) -> bool:
+    """Whether every thread of this process now is in ``known``, a sorted tuple of
+    ``thread_ids()`` (threads that ended since do not count). With the C extension it
+    allocates nothing: the parent runs it between a loader start's worker forks, where
+    each page written is copied for the workers already forked."""
+    return _impl.threads_within(known)
 
 
 def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
@@ -176,8 +186,8 @@ def _kernel_thread_name(tid: int) -> str:
         os.close(fd)
 
 
-def thread_census() -> ThreadCensus:
-    """Every OS thread of this process, and which ones Python did not start."""
+def _python_threads() -> dict[int, str]:
+    """tid -> name of each thread Python's ``threading`` started (the main thread included)."""
     main = threading.main_thread()
     python_threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id and t is not main}
     if main.is_alive():
@@ -185,6 +195,19 @@ def thread_census() -> ThreadCensus:
         # wrong in a process that was itself forked (a multiprocessing or forkserver child, a
         # fork server's): CPython's threading keeps the forking parent's id for it.
         python_threads[os.getpid()] = main.name
+    return python_threads
+
+
+def foreign_thread_ids() -> tuple[int, ...]:
+    """Sorted thread ids of the threads Python did not start (``thread_census().foreign``'s, without
+    reading their names)."""
+    python_threads = _python_threads()
+    return tuple(tid for tid in thread_ids() if tid not in python_threads)
+
+
+def thread_census() -> ThreadCensus:
+    """Every OS thread of this process, and which ones Python did not start."""
+    python_threads = _python_threads()
     python, foreign = [], []
     for tid in thread_ids():
         if tid in python_threads:

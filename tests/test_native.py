@@ -33,6 +33,12 @@ def test_thread_ids_agree_with_threads_running():
     assert result.stdout.strip() == "ok"
 
 
+def test_threads_within_says_whether_a_thread_started_since_an_earlier_list():
+    # The parent asks it between a loader start's worker forks (forkstate.unchanged_since_record).
+    result = check_script("native_parity.py", "threads_within", timeout=30)
+    assert result.stdout.strip() == "ok", result.stdout
+
+
 def test_thread_census_counts_a_forked_processs_main_thread_as_python():
     # In a process that was itself forked (a multiprocessing or forkserver child, a fork
     # server's), CPython's threading keeps the forking parent's thread id as the main thread's
@@ -156,6 +162,7 @@ def test_thread_census_separates_python_threads_from_native_pools():
 NATIVE_FUNCTIONS = (
     "fork_generation",
     "thread_ids",
+    "threads_within",
     "descriptor_table",
     "regular_file_offsets",
     "signal_handler_address",

@@ -148,3 +148,30 @@ print(json.dumps({{h["subject"]: [h["status"], h["safeloader_will"]] for h in li
     assert "with on_unsafe_fork='auto' a loader starts its workers with a forkserver" in live["libtinypool.so"][1]
     tokenizers = next(key for key in live if key.startswith("tokenizers"))
     assert live[tokenizers] == ["harmless", "turns its parallelism off in a forked child (and says so once)"], live
+
+
+def test_a_pool_started_after_a_loader_start_is_found_at_the_next_start(tiny_pool):
+    # What a start finds is kept for the next while nothing it depends on changed: here the
+    # library is loaded before the first start, and only its threads are new at the second.
+    out = check_python(
+        f"""
+        import ctypes
+        import torch
+        import safeloader
+
+        lib = ctypes.CDLL({str(tiny_pool)!r})
+        loader = safeloader.DataLoader(list(range(4)), batch_size=None, num_workers=2, on_unsafe_fork="raise")
+        print(sorted(int(x) for x in loader))
+        print(sorted(int(x) for x in loader))  # kept: the same threads
+        lib.pool_start(2)
+        try:
+            list(loader)
+        except safeloader.UnsafeForkError as exc:
+            print("UnsafeForkError:", exc)
+        """,
+        timeout=60,
+    ).stdout
+    lines = out.splitlines()
+    assert lines[:2] == ["[0, 1, 2, 3]", "[0, 1, 2, 3]"], out
+    assert lines[2].startswith("UnsafeForkError: safeloader: DataLoader workers would be forked from a process "
+                               "holding libtinypool.so's native threads (2 live threads)"), out

@@ -64,6 +64,8 @@ class Library:
 
 
 _handled: dict[str, tuple[Known, ...]] = {}  # backend name -> its HANDLED entries (``handled_by``)
+version = 0
+"""Bumped by every ``handled_by``: what is known of a library may have changed."""
 
 
 def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
@@ -80,7 +82,9 @@ def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
                 stall=library.stall, alone=library.alone,
             )
         )
+    global version
     _handled[backend] = tuple(entries)
+    version += 1
 
 
 KNOWN: tuple[Known, ...] = (

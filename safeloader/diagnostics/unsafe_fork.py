@@ -99,11 +99,51 @@ def _is_gomp(library: str) -> bool:
 
 
 def hazards(options: Options) -> list[Hazard]:
-    """What this process holds that a forked worker would inherit broken and no active backend resets."""
+    """What this process holds that a forked worker would inherit broken and no active backend resets.
+
+    Found again only where something it depends on changed since the last call (a loader started
+    again, another loader's start): the thread census reads /proc for each native thread."""
+    global _last
+    key = _state_key(options)
+    last = _last
+    if key is not None and last is not None and last[0] == key:
+        return list(last[1])
+    found, attributed = _hazards(options)
+    # Kept only where every native thread's library was found: one not found (still running at
+    # the census) is asked again at the next call.
+    _last = (key, tuple(found)) if key is not None and attributed == len(key[0]) else None
+    return found
+
+
+_last: tuple[tuple[Any, ...], tuple[Hazard, ...]] | None = None
+"""(``_state_key``, what ``hazards`` found) at its last call."""
+
+
+def _state_key(options: Options) -> tuple[Any, ...] | None:
+    """What ``hazards(options)`` depends on, as one comparable value: the threads Python did not
+    start (by id: a thread's library does not change; Python's own come and go with every
+    start, its queues' feeder threads), the loaded libraries, the imported modules, which hooks
+    run, what is known of libraries, the options. None where GNU OpenMP's state is read instead
+    (its backend off: its pool can come to life on threads that were already there), or where the
+    dynamic loader's counters cannot be read."""
+    from .. import _imports, _registration, forkstate, native
+
+    counters = forkstate.loaded_counters()
+    if counters is None or not _backend_active(hook_names.THREADPOOLS, options):
+        return None
+    return (
+        native.foreign_thread_ids(), counters, _imports.modules_state(), _registration.version,
+        native_libraries.version, tuple(native_libraries.used_runtimes()), options,
+    )
+
+
+def _hazards(options: Options) -> tuple[list[Hazard], int]:
+    """(what ``hazards`` finds, how many native threads' libraries were found)."""
     found = []
     with _lock:
         _owners.clear()
         live = _live_libraries()
+        attributed = sum(live.values())
         # A pool that runs on another library's threads (numba's on GNU OpenMP's): found by its state.
         gomp_threads = sum(count for library, count in live.items() if _is_gomp(library))
         for library in native_libraries.used_runtimes():
@@ -123,7 +163,7 @@ def hazards(options: Options) -> list[Hazard]:
             name = os.path.basename(path)
             what = f"GNU OpenMP ({name}) with live pool threads"
             found.append(Hazard(path, name, 1, what, "its backend 'threadpools' is off"))
-    return found
+    return found, attributed
 
 
 _MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")

@@ -2,6 +2,8 @@
 
 argv: the check. Each prints what the test compares (``ok`` once its own asserts pass).
   thread_ids            both list the same threads, 3 of them started here
+  threads_within        both say whether every thread now is in an earlier list (one started since: no;
+                        one ended since: yes); a list of more than one directory read (200 threads)
   descriptor_table      both describe the same descriptors (a socket, a pipe, a file)
   regular_file_offsets  both give the same offsets, and skip what cannot seek
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
@@ -14,6 +16,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 
 from safeloader import _native, _native_fallback
 
@@ -29,6 +32,42 @@ def thread_ids():
         t.join()
     assert a == b, (a, b)
     assert len(a) == 4 and set(t.native_id for t in threads) < set(a), a
+    print("ok")
+
+
+def threads_within():
+    def check(known, expected):
+        for impl in (_native, _native_fallback):
+            assert impl.threads_within(known) is expected, (impl.__name__, known, expected)
+
+    before = tuple(_native.thread_ids())
+    check(before, True)
+    check((), False)
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(200)]  # more than one getdents64 buffer
+    for t in threads:
+        t.start()
+    check(before, False)  # threads started since
+    during = tuple(_native.thread_ids())
+    check(during, True)
+    check(during[:-1], False)  # one missing from the list, wherever it lies in the listing
+    check(during[1:], False)
+    stop.set()
+    for t in threads:
+        t.join()
+    check(during, True)  # threads that ended since do not count
+    deadline = time.monotonic() + 10
+    while tuple(_native.thread_ids()) != before:  # join() returns a moment before the thread is gone
+        assert time.monotonic() < deadline, _native.thread_ids()
+        time.sleep(0.01)
+    check(before, True)
+    for impl in (_native, _native_fallback):
+        try:
+            impl.threads_within(list(before))
+        except TypeError as exc:
+            assert impl is _native and "known must be a tuple, got list" in str(exc), exc
+        else:
+            assert impl is _native_fallback, "the extension takes a tuple only"
     print("ok")
 
 
@@ -94,5 +133,8 @@ def libc_fork():
     print(sorted(os.read(r, 100).decode().split("\n")))
 
 
-CHECKS = {f.__name__: f for f in (thread_ids, descriptor_table, regular_file_offsets, fork_generation, libc_fork)}
+CHECKS = {
+    f.__name__: f
+    for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, fork_generation, libc_fork)
+}
 CHECKS[sys.argv[1]]()
