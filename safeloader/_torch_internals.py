@@ -279,7 +279,6 @@ def result_queue_of_worker_loop(frame: Any) -> Any:
 # -- which fork launches a DataLoader worker? -------------------------------------------
 
 @functools.cache
-@functools.cache
 def _worker_signature(target: Callable[..., Any]) -> inspect.Signature | None:
     return inspect.signature(target) if is_worker_loop(target) else None
 
