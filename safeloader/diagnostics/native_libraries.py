@@ -72,6 +72,7 @@ def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
     """Record that the backend ``backend`` makes ``libraries`` safe in each worker (a ``Library``, or
     a file-name prefix or package name): their threads are not a hazard while its hook runs. Each
     backend declares its own (``Backend.libraries``); registering it again replaces them."""
+    global version
     entries = []
     for library in libraries:
         if isinstance(library, str):
@@ -82,7 +83,6 @@ def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
                 stall=library.stall, alone=library.alone,
             )
         )
-    global version
     _handled[backend] = tuple(entries)
     version += 1
 

@@ -101,8 +101,8 @@ def _is_gomp(library: str) -> bool:
 def hazards(options: Options) -> list[Hazard]:
     """What this process holds that a forked worker would inherit broken and no active backend resets.
 
-    Found again only where something it depends on changed since the last call (a loader started
-    again, another loader's start): the thread census reads /proc for each native thread."""
+    The last call's answer while nothing it depends on changed (``_state_key``): a warm start then
+    lists /proc/self/task once instead of reading /proc for each native thread."""
     global _last
     key = _state_key(options)
     last = _last
