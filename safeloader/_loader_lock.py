@@ -6,10 +6,9 @@ How it works and why: docs/internals.md, ``safeloader._loader_lock``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -56,33 +55,16 @@ def reset_in_child() -> None:
     _forking = {}
 
 
-@contextlib.contextmanager
-def section() -> Iterator[bool]:
-    """Around work that holds the loader lock: yields True when it may release the GIL
-    (forks starting meanwhile wait for it), False when it must keep the GIL held."""
+def section(work: Callable[[bool], T]) -> T:
+    """``work(release)``, for work that holds the loader lock: ``release`` is True when it may
+    release the GIL (forks starting meanwhile wait for it), False when it must keep the GIL held.
+
+    A plain function, not a context manager: the parent runs it between a loader start's worker
+    forks, where each object made or freed (a generator, its frame) writes a page that the
+    workers forked so far share (one copy each)."""
     global _released
     me = threading.get_ident()
     counted = False  # set with the count, in straight-line code: an interrupt cannot fall between
-    try:
-        with _lock:
-            release = _may_release(me)
-            if release:
-                _released += 1
-                counted = True
-        yield release
-    finally:
-        if counted:
-            with _lock:
-                _released -= 1
-
-
-def in_section(work: Callable[[bool], T]) -> T:
-    """``work(release)`` as ``with section() as release: work(release)`` runs it, with no generator
-    or context manager made: the parent runs this between a loader start's worker forks, where each
-    object made or freed writes a page that the workers forked so far share (one copy each)."""
-    global _released
-    me = threading.get_ident()
-    counted = False  # as in section()
     try:
         with _lock:
             release = _may_release(me)

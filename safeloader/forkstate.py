@@ -5,6 +5,7 @@ How it works and why: docs/internals.md, ``safeloader.forkstate``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import platform
@@ -159,8 +160,7 @@ class _DynamicLinker:
 
     def library_at(self, address: int) -> str | None:
         info = self._info_type()
-        with _loader_lock.section() as release:
-            found = self._dladdr[release](address, self._ctypes.byref(info))
+        found = _loader_lock.section(lambda release: self._dladdr[release](address, self._ctypes.byref(info)))
         if not found or not info.dli_fname:
             return None
         return self._realpath(info.dli_fname)
@@ -169,23 +169,12 @@ class _DynamicLinker:
         """Paths of the loaded objects, in load order. Listed again only when something
         was loaded or unloaded since the last call: a full walk costs more per fork
         in a torch process than the check."""
-        counters = loaded_counters()
+        counters = native.loaded_counters()
         if counters is not None and counters == self._loaded[0]:
             return self._loaded[1]
-        with _loader_lock.section() as release:
-            counters, names = native.loaded_objects(True, release)
+        counters, names = _loader_lock.section(functools.partial(native.loaded_objects, True))
         self._loaded = (counters, names or ())
         return self._loaded[1]
-
-
-def _loaded_counters(release: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
-    return native.loaded_objects(False, release)  # a named function: no object made per call
-
-
-def loaded_counters() -> tuple[int, int] | None:
-    """The dynamic loader's (loads, unloads) counters: a different value means a library was
-    loaded or unloaded meanwhile. None where they cannot be read."""
-    return _loader_lock.in_section(_loaded_counters)[0]
 
 
 _linker: _DynamicLinker | None = None

@@ -32,6 +32,7 @@ __all__ = [
     "foreign_thread_ids",
     "fork_generation",
     "install_backtrace_handler",
+    "loaded_counters",
     "loaded_objects",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -118,8 +119,7 @@ def warm_backtrace() -> None:
     """
     from . import _loader_lock
 
-    with _loader_lock.section() as release:
-        _impl.warm_backtrace(release)
+    _loader_lock.section(_impl.warm_backtrace)
 
 
 def signal_handler_address(signum: int) -> int:
@@ -140,6 +140,18 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
     Python code runs during the walk; the fallback's ctypes callback is Python.
     """
     return _impl.loaded_objects(full, release_gil)
+
+
+def loaded_counters() -> tuple[int, int] | None:
+    """The dynamic loader's (loads, unloads) counters, read in a ``_loader_lock.section``: a
+    different value means a library was loaded or unloaded meanwhile. None where unreadable."""
+    from . import _loader_lock
+
+    return _loader_lock.section(_loaded_counters)[0]
+
+
+def _loaded_counters(release: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
+    return _impl.loaded_objects(False, release)  # a named function: no object made per call
 
 
 def code_segments(release_gil: bool) -> tuple[tuple[int, int, str], ...]:

@@ -41,12 +41,10 @@ class _Segments:
     def refresh(self) -> None:
         from .. import _loader_lock, native
 
-        with _loader_lock.section() as release:
-            counters, _ = native.loaded_objects(False, release)
+        counters = native.loaded_counters()
         if counters is not None and counters == self._counters and self.starts:
             return
-        with _loader_lock.section() as release:
-            segments = sorted(native.code_segments(release))
+        segments = sorted(_loader_lock.section(native.code_segments))
         self._counters = counters
         self.starts = [start for start, _, _ in segments]
         self.ends = [end for _, end, _ in segments]

@@ -126,9 +126,9 @@ def _state_key(options: Options) -> tuple[Any, ...] | None:
     run, what is known of libraries, the options. None where GNU OpenMP's state is read instead
     (its backend off: its pool can come to life on threads that were already there), or where the
     dynamic loader's counters cannot be read."""
-    from .. import _imports, _registration, forkstate, native
+    from .. import _imports, _registration, native
 
-    counters = forkstate.loaded_counters()
+    counters = native.loaded_counters()
     if counters is None or not _backend_active(hook_names.THREADPOOLS, options):
         return None
     return (
