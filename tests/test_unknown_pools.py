@@ -164,6 +164,7 @@ def test_a_pool_started_after_a_loader_start_is_found_at_the_next_start(tiny_poo
         print(sorted(int(x) for x in loader))
         print(sorted(int(x) for x in loader))  # kept: the same threads
         lib.pool_start(2)
+        assert lib.pool_square(3) == 9  # used, so both threads wait in the library (not still starting)
         try:
             list(loader)
         except safeloader.UnsafeForkError as exc:
