@@ -97,6 +97,10 @@ def _start_lock(loader: Any) -> threading.RLock:
         return lock
 
 
+def _hazards_of(options: Options, loader: weakref.ref[Any]) -> list[unsafe_fork.Hazard]:
+    return unsafe_fork.hazards(options, loader())
+
+
 def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
     if loader.num_workers == 0 or _registry.armed() is not None:
@@ -137,7 +141,8 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if watch is not None and start_method == "fork":
             watch.lacking = lacking
             watch.lacking_pools = frozenset(hazard.library for hazard in lacking)
-            watch.find_lacking_pools = functools.partial(unsafe_fork.hazards, options)
+            # The loader weakly: a persistent iterator (the loader's) holds the watch.
+            watch.find_lacking_pools = functools.partial(_hazards_of, options, weakref.ref(loader))
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
         arming = _registry.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)

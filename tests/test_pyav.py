@@ -58,3 +58,24 @@ def test_fork_workers_decode_the_frames_the_parent_decodes_and_the_parents_conta
     assert not warned, warned  # no UnsafeForkWarning: FFmpeg's threads are handled
     assert parent == "PARENT True AUTO", parent
     assert left == "LEFT 0", left
+
+
+# A container the Dataset does not hold (a module global): nothing reopens it, so its threads are a
+# hazard as an unknown pool's are, not handled by the backend.
+
+
+@pytest.mark.torch_baseline
+def test_torch_workers_wait_forever_in_a_global_containers_decoder(video):
+    result = run_script("pyav_in_a_global.py", "torch", video, timeout=60, expect_hang=True)
+    assert result.timed_out and result.stdout == "", result
+
+
+def test_a_container_the_dataset_does_not_hold_gets_forkserver_workers_and_a_warning_naming_it(video):
+    lines = check_script("pyav_in_a_global.py", "safeloader", video, timeout=90).stdout.splitlines()
+    items = ast.literal_eval(lines[0])
+    expected = ast.literal_eval(lines[1].removeprefix("EXPECTED "))
+    assert [tuple(item[:2]) for item in items] == expected and len({c for _, c in expected}) == 6, lines
+    assert not any(forked for _, _, forked in items), items  # started by a forkserver, not forked from here
+    assert len(lines) == 3 and lines[2].startswith("UnsafeForkWarning: safeloader: DataLoader workers would be "
+                                                   "forked from a process holding av's native threads"), lines
+    assert "its backend 'pyav' reopens only the input containers the Dataset holds" in lines[2], lines

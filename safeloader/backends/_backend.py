@@ -65,6 +65,13 @@ class Backend:
     def after_in_child(self, plan: Any) -> None:
         """In the new worker, before torch's worker loop: apply ``plan`` (None: ``before`` did not run)."""
 
+    def uncovered(self, loader: Any) -> str:
+        """Why the live threads of its ``libraries`` stay a hazard for ``loader``'s forked workers
+        although it runs, in a clause for the fork-time check's message; '' when it makes them safe
+        (the default). For a backend that only reopens what the Dataset holds: the threads may
+        serve something else (asked at a start only while such threads are live)."""
+        return ""
+
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         """In the parent, before ``loader`` starts workers with ``start_method`` ("fork", "spawn",
         "forkserver"): checks that must fail before any worker exists, pickling support for spawn."""

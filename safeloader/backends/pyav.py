@@ -155,6 +155,16 @@ class PyavBackend(Backend):
         loader = context.loader if context is not None else None
         return make_plan(getattr(loader, "dataset", None)) if loader is not None else None
 
+    def uncovered(self, loader: Any) -> str:
+        # FFmpeg's threads belong to a codec context; those of a container the Dataset does not
+        # hold (a module global, a closure) are not reopened, and a worker using it waits forever.
+        if make_plan(getattr(loader, "dataset", None)) is not None:
+            return ""  # not exact: a second container elsewhere would be missed (docs/backends.md)
+        return (
+            "its backend 'pyav' reopens only the input containers the Dataset holds, and this Dataset holds "
+            "none: the threads decode for a container held elsewhere (a module global?)"
+        )
+
     def after_in_child(self, plan: _Plan | None) -> None:
         self._new_reformatters()
         if plan is None:

@@ -105,6 +105,13 @@ KNOWN: tuple[Known, ...] = (
         "restarts its task scheduler in a forked child (checked: 2.0.1, parallel queries in 2 workers)",
         since="2.0",
     ),
+    Known(
+        ("numcodecs",),
+        SURVIVES,
+        "C-Blosc's own at-fork handler drops its thread pool in a forked child, where numcodecs decodes "
+        "without threads (checked: 0.16.6, 0.17.1)",
+        since="0.16",
+    ),
     Known(("numexpr",), SURVIVES, "restarts its thread pool in a forked child (its own at-fork handler)"),
     Known(("grpc",), SURVIVES, "gRPC's fork support; channels are reopened by the sockets backend"),
     Known(("ray",), SURVIVES, "Ray's threads serve the Ray worker; DataLoader workers do not call Ray"),

@@ -269,8 +269,9 @@ def _lacking_threads_cause(library: str) -> str | None:
         f"{package}'s native threads, inherited without them: the worker waits in {where}, whose {count} "
         "thread(s) run in the parent and did not survive the fork; a forked "
         "child has the pool's bookkeeping but none of its threads, so the job it queued never runs. Fix: "
-        "create or open what uses it in each worker, lazily (in __getitem__ or worker_init_fn), or pass "
-        "on_unsafe_fork='auto' (the default: a forkserver when the Dataset pickles) or 'forkserver'."
+        "create or open what uses it in each worker, lazily (in __getitem__ or worker_init_fn), not in the "
+        "parent; or pass on_unsafe_fork='forkserver' to the loader (workers started by a preloaded forkserver: "
+        "the Dataset must pickle)."
     )
 
 

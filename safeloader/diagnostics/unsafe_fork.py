@@ -70,7 +70,7 @@ def _live_libraries() -> dict[str, int]:
     return counts
 
 
-def _hazard(library: str, count: int, options: Options) -> Hazard | None:
+def _hazard(library: str, count: int, options: Options, loader: Any) -> Hazard | None:
     entry, package = native_libraries.entry(library)
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
@@ -78,9 +78,14 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
         if entry.fork == native_libraries.HANDLED:
             # GNU OpenMP's idle threads are harmless: its hazard, a parallel region the parent ran,
             # is checked from forkstate's record below (hazards).
-            if entry.alone or _is_gomp(library) or _backend_active(entry.by, options):
+            if entry.alone or _is_gomp(library):
                 return None
-            note = f"its backend {entry.by!r} is off for this loader"
+            if not _backend_active(entry.by, options):
+                note = f"its backend {entry.by!r} is off for this loader"
+            else:
+                note = _uncovered(entry.by, loader)
+                if not note:
+                    return None
         else:
             note = entry.by + (f"; its own fork-safe setting: {entry.remedy}" if entry.remedy else "")
     else:
@@ -94,12 +99,30 @@ def _hazard(library: str, count: int, options: Options) -> Hazard | None:
     return Hazard(library, package, count, what, note, aborts)
 
 
+def _uncovered(backend_name: str, loader: Any) -> str:
+    """Why the backend ``backend_name`` leaves its libraries' live threads a hazard for ``loader``; ''."""
+    from .. import backends
+
+    backend = backends.get(backend_name)
+    return backend.uncovered(loader) if backend is not None else ""
+
+
+def _asks_loader(backend_name: str) -> bool:
+    """Whether the backend's answer depends on the loader (it overrides ``Backend.uncovered``)."""
+    from .. import backends
+    from ..backends._backend import Backend
+
+    backend = backends.get(backend_name)
+    return backend is not None and type(backend).uncovered is not Backend.uncovered
+
+
 def _is_gomp(library: str) -> bool:
     return os.path.basename(library).startswith("libgomp")
 
 
-def hazards(options: Options) -> list[Hazard]:
-    """What this process holds that a forked worker would inherit broken and no active backend resets.
+def hazards(options: Options, loader: Any = None) -> list[Hazard]:
+    """What this process holds that a forked worker of ``loader`` would inherit broken and no active
+    backend resets.
 
     The last call's answer while nothing it depends on changed (``_state_key``): a warm start then
     lists /proc/self/task once instead of reading /proc for each native thread."""
@@ -108,10 +131,13 @@ def hazards(options: Options) -> list[Hazard]:
     last = _last
     if key is not None and last is not None and last[0] == key:
         return list(last[1])
-    found, attributed = _hazards(options)
-    # Kept only where every native thread's library was found: one not found (still running at
-    # the census) is asked again at the next call.
-    _last = (key, tuple(found)) if key is not None and attributed == len(key[0]) else None
+    found, attributed, per_loader = _hazards(options, loader)
+    # Kept only where every native thread's library was found (one not found, still running at the
+    # census, is asked again at the next call), and where no backend's answer depended on the loader.
+    if key is not None and attributed == len(key[0]) and not per_loader:
+        _last = (key, tuple(found))
+    else:
+        _last = None
     return found
 
 
@@ -137,9 +163,11 @@ def _state_key(options: Options) -> tuple[Any, ...] | None:
     )
 
 
-def _hazards(options: Options) -> tuple[list[Hazard], int]:
-    """(what ``hazards`` finds, how many native threads' libraries were found)."""
+def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
+    """(what ``hazards`` finds, how many native threads' libraries were found, whether a backend was
+    asked about the loader)."""
     found = []
+    per_loader = False
     with _lock:
         _owners.clear()
         live = _live_libraries()
@@ -151,7 +179,10 @@ def _hazards(options: Options) -> tuple[list[Hazard], int]:
         for library, count in sorted(live.items()):
             if native_libraries.is_system(library):
                 continue
-            hazard = _hazard(library, count, options)
+            entry, _package = native_libraries.entry(library)
+            if entry is not None and entry.fork == native_libraries.HANDLED and _asks_loader(entry.by):
+                per_loader = True
+            hazard = _hazard(library, count, options, loader)
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
@@ -163,7 +194,7 @@ def _hazards(options: Options) -> tuple[list[Hazard], int]:
             name = os.path.basename(path)
             what = f"GNU OpenMP ({name}) with live pool threads"
             found.append(Hazard(path, name, 1, what, "its backend 'threadpools' is off"))
-    return found, attributed
+    return found, attributed, per_loader
 
 
 _MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
@@ -235,7 +266,7 @@ def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...
     policy = options.on_unsafe_fork
     if start_method != "fork":
         return ()
-    found = hazards(options)
+    found = hazards(options, loader)
     if not found:
         return ()
     if policy == "ignore":

@@ -1,7 +1,8 @@
 """Libraries whose threads are live in the parent but that are fine under fork: no false alarm.
 
 The parent uses tokenizers (a rayon pool that turns itself off in a forked child), pyarrow
-(thread pools Arrow restarts after fork), polars (its backend), sqlite, zarr (its asyncio
+(thread pools Arrow restarts after fork), numcodecs' Blosc (C-Blosc drops its pool in a forked
+child), polars (its backend), sqlite, zarr (its asyncio
 thread), a logging QueueListener and a tqdm monitor thread; then a safeloader loader with
 default arguments reads every one of them in 2 forked workers. Prints ``LIVE <packages owning
 live native threads>``, ``ITEMS <list>`` (each item: its values and whether a forked child of this process made it) and
@@ -18,6 +19,8 @@ import time
 import warnings
 from pathlib import Path
 
+import numcodecs
+import numcodecs.blosc
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -43,6 +46,10 @@ database = directory / "d.sqlite"
 with sqlite3.connect(database) as connection:
     connection.execute("create table t (x integer)")
     connection.executemany("insert into t values (?)", [(i,) for i in range(10)])
+numcodecs.blosc.use_threads = True  # zarr 3 turns it off at import; a program using numcodecs alone has it
+numcodecs.blosc.set_nthreads(2)  # on the main thread, numcodecs then decodes with C-Blosc's global pool
+blosc = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE, blocksize=1 << 16)
+chunk = blosc.encode(np.arange(1 << 20, dtype="i8"))  # 8 MB: 128 blocks, so the pool's threads run
 listener = logging.handlers.QueueListener(queue.Queue())
 listener.start()
 for _ in tqdm(range(3), mininterval=0, file=open(os.devnull, "w")):  # tqdm's monitor thread
@@ -55,7 +62,8 @@ def values(index: int) -> list[int]:
     frame = int(pl.DataFrame({"a": np.arange(10_000) % 7}).group_by("a").len().height)
     with sqlite3.connect(database) as connection:
         rows = connection.execute("select count(*) from t where x < ?", (index,)).fetchone()[0]
-    return [tokens, arrow, frame, rows, int(array[index * 5])]
+    decoded = int(np.frombuffer(blosc.decode(chunk), dtype="i8")[index * 1000])
+    return [tokens, arrow, frame, rows, int(array[index * 5]), decoded]
 
 
 class FineUnderFork(torch.utils.data.Dataset):
