@@ -80,8 +80,8 @@ class ForkState:
     """``torch.get_num_threads()``, if torch is imported."""
     gc_frozen: int | None
     """``gc.get_freeze_count()``: objects in the permanent generation; None when not counted
-    (the per-fork record skips it: counting walks every frozen object, 25 ms in a torch process
-    right after the "gc" hook froze the heap)."""
+    (the per-fork record skips it: counting walks every frozen object, 25 ms for a torch process's
+    whole heap)."""
     libraries: tuple[str, ...] = field(default=(), repr=False)
     """Paths of the shared objects loaded, in load order (as the dynamic linker names them)."""
     notes: tuple[str, ...] = field(default=())

@@ -13,6 +13,8 @@ from torch.utils.data import Dataset
 
 import safeloader
 
+from .subproc import check_python
+
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
 MIB = 2**20
@@ -60,6 +62,38 @@ def test_objects_the_program_froze_itself_are_left_to_it():
         del newer
     finally:
         gc.unfreeze()
+
+
+def test_the_parents_young_objects_stay_young_so_an_iterator_in_a_cycle_is_collected_as_under_torch():
+    # An iterator left in a reference cycle (a caught exception's traceback makes one) is freed by
+    # the next young collection under torch's loader, which then stops its workers. Freezing and
+    # unfreezing the parent around each fork moved it into the oldest generation instead: its
+    # workers stayed until a full collection, and piled up over failed epochs.
+    out = check_python(
+        """
+        import gc, multiprocessing, weakref
+        import torch, safeloader
+
+        class Items(torch.utils.data.Dataset):
+            def __len__(self): return 8
+            def __getitem__(self, index): return index
+
+        gc.disable()  # only the loaders move objects between generations here
+        for name, loader_class in (("torch", torch.utils.data.DataLoader), ("safeloader", safeloader.DataLoader)):
+            gc.collect()
+            iterator = iter(loader_class(Items(), batch_size=None, num_workers=2))
+            next(iterator)
+            iterator.cycle = iterator
+            freed = weakref.ref(iterator)
+            del iterator
+            gc.collect(1)  # the two young generations, not a full collection
+            print(name, "iterator freed:", freed() is None, "workers left:", len(multiprocessing.active_children()))
+        """,
+        timeout=60,
+    ).stdout
+    assert out.splitlines() == [
+        "torch iterator freed: True workers left: 0", "safeloader iterator freed: True workers left: 0",
+    ], out
 
 
 class Records(Dataset):

@@ -123,8 +123,6 @@ class Blosc2Backend(Backend):
     name = hook_names.BLOSC2
     description = "blosc2's thread pools are stopped around each fork; each worker starts its own, within the budget"
     requires = ("blosc2",)
-    # Its `before` scans the heap when it must: before the "gc" backend freezes it.
-    runs_after = (hook_names.GC,)
     libraries = ("blosc2",)  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The "gc" backend: freeze the parent's objects around each worker fork (option ``freeze_gc``).
+"""The "gc" backend: each worker freezes the objects it inherits (option ``freeze_gc``).
 
 How it works and why: docs/internals.md, ``safeloader.backends.gc_freeze``.
 """
@@ -15,31 +15,41 @@ NAME = hook_names.GC
 
 __all__ = ["BACKEND", "NAME"]
 
+
 class GcBackend(Backend):
     name = hook_names.GC
-    description = "the parent's objects are frozen around forks (no copy-on-write by worker GCs)"
+    description = "each worker freezes the objects it inherits (no copy-on-write by its garbage collections)"
 
     def __init__(self) -> None:
         # On the instance, not in a plan: an interrupt (Ctrl-C) can cut `before` short after the
-        # mark, and after_in_parent must still unfreeze (a plan would be lost with `before`).
-        self.frozen_here = False
+        # mark, and after_in_parent must still turn collection back on (a plan would be lost with
+        # `before`). The worker inherits the mark: collection was paused for it.
+        self.paused_here = False
 
     def before(self) -> None:
         context = fork_context()
-        if context is None or not context.options.freeze_gc or gc.get_freeze_count() > 0:
+        if context is None or not context.options.freeze_gc or not gc.isenabled():
             return
-        # Marked before freezing: an interrupt landing between the two must not leave the heap
-        # frozen with no mark (after_in_parent then unfreezes; unfreezing nothing is harmless).
-        self.frozen_here = True
-        gc.freeze()
+        # Paused, not frozen: no collection runs in the worker before it freezes what it inherited,
+        # and the parent's generations stay as they were (unfreezing here would move every young
+        # object, the starting iterator too, into the oldest generation: cyclic garbage would
+        # then wait for a full collection). Marked first: unpausing what is not paused is harmless.
+        self.paused_here = True
+        gc.disable()
 
     def after_in_parent(self, plan: None) -> None:
-        if self.frozen_here:
-            gc.unfreeze()  # then unmarked: interrupted between the two, it runs again (harmlessly)
-            self.frozen_here = False
+        if self.paused_here:
+            gc.enable()  # then unmarked: interrupted between the two, it runs again (harmlessly)
+            self.paused_here = False
 
     def after_in_child(self, plan: None) -> None:
-        self.frozen_here = False  # the worker keeps them frozen; a fork from it must not unfreeze
+        context = fork_context()
+        # Objects the program froze itself are left to it (gc.get_freeze_count() > 0), as in the parent.
+        if context is not None and context.options.freeze_gc and gc.get_freeze_count() == 0:
+            gc.freeze()
+        if self.paused_here:
+            self.paused_here = False
+            gc.enable()
 
 
 BACKEND = GcBackend()
