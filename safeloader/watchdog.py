@@ -460,10 +460,28 @@ def _count(batch: Any) -> int:
         return 1
 
 
-def _counting_iterator(iterator: Any, beat: _Beat) -> Any:
-    for item in iterator:
-        beat.item_done()
-        yield item
+class _CountingIterator:
+    """The Dataset's iterator, each item counted as done. Not a generator: an exception from the
+    iterator must leave it usable for the next ``next()``, as under torch's fetcher (a generator
+    ends at the first exception that passes through it, and the rest of the worker's items would be
+    lost). Its other attributes are the iterator's (torchdata saves a Stateful one's state_dict)."""
+
+    def __init__(self, iterator: Any, beat: _Beat) -> None:
+        self._iterator = iterator
+        self._beat = beat
+
+    def __iter__(self) -> _CountingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._iterator)
+        self._beat.item_done()
+        return item
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_iterator", "_beat"):
+            raise AttributeError(name)
+        return getattr(self._iterator, name)
 
 
 def _watch_fetcher(fetcher: Any, beat: _Beat) -> Any:
@@ -488,7 +506,7 @@ def _watch_fetcher(fetcher: Any, beat: _Beat) -> Any:
     # Per-item progress, where the fetcher's structure is the one we know;
     # otherwise progress is counted per batch.
     if hasattr(fetcher, "dataset_iter"):
-        fetcher.dataset_iter = _counting_iterator(fetcher.dataset_iter, beat)
+        fetcher.dataset_iter = _CountingIterator(fetcher.dataset_iter, beat)
     elif _torch_internals.is_map_fetcher(fetcher):
         fetcher.dataset = _CountingMapDataset(fetcher.dataset, beat)
     return fetcher

@@ -44,6 +44,29 @@ class Counting(IterableDataset):
         return iter(range(worker, 30, workers))
 
 
+class FlakyIterator:
+    """Raises ValueError for every item i with i % 5 == 3, and goes on at the next ``next()``."""
+
+    def __init__(self, items: range) -> None:
+        self.items = iter(items)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        item = next(self.items)
+        if item % 5 == 3:
+            raise ValueError(f"item {item}")
+        return item
+
+
+class Flaky(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return FlakyIterator(range(worker, 20, workers))
+
+
 class EveryThird(Sampler):
     def __init__(self, n: int) -> None:
         self.n = n
@@ -121,6 +144,29 @@ def test_iterable_dataset_equals_torch():
     torch_workers = as_lists(TorchDataLoader(Counting(), batch_size=4, num_workers=3))
     assert ours == torch_workers  # same interleaving as torch with the same workers
     assert sorted(x for batch in ours for x in batch) == sorted(single)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_an_iterable_datasets_iterator_that_raises_goes_on_after_the_error_as_under_torch(batch_size):
+    # The watchdog counts each item the Dataset's iterator gives; a generator doing so ended at the
+    # first exception, and the rest of the worker's items were lost without an error.
+    def read(loader_class, num_workers):
+        out = []
+        iterator = iter(loader_class(Flaky(), batch_size=batch_size, num_workers=num_workers))
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return out
+            except ValueError as error:
+                out.append(str(error).splitlines()[0])
+            else:
+                out.append(batch.tolist() if isinstance(batch, torch.Tensor) else batch)
+
+    ours = read(DataLoader, 2)
+    assert ours == read(TorchDataLoader, 2)
+    assert ours.count("Caught ValueError in DataLoader worker process 0.") == 2, ours  # items 8 and 18
+    assert ours[-1] == (19 if batch_size is None else [15, 17, 19]), ours  # read on to each worker's end
 
 
 def test_worker_rng_seeding_equals_torch_fork_loader():
