@@ -7,7 +7,9 @@ runs when the signal comes, as always, but what it raises is kept and raised onc
 is over, undone (workers stopped) first. A second signal while one waits raises at once:
 pressing Ctrl-C twice always gets out; so does the first one, ``GRACE_SECONDS`` later, in a
 start that does not end (a one-shot timeout must still get through a hang). Handlers set
-meanwhile, and handlers installed in C (faulthandler), are left as they are.
+meanwhile, and handlers installed in C (faulthandler), are left as they are. A child forked
+during the start (a DataLoader worker) gets the handlers back at once: nothing of the start is
+its to undo.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from . import _registry
 
 GRACE_SECONDS = 2.0
 """How long a signal handler's exception waits for the start's end before it is raised anyway."""
@@ -39,6 +43,7 @@ class DeferredSignals:
             return self  # Python runs signal handlers on the main thread only
         self._active = True
         self._main = threading.main_thread().ident or 0
+        _wrapping.append(self)
         for signum in range(1, signal.NSIG):  # not valid_signals(): enum conversions, far slower
             try:
                 handler = signal.getsignal(signum)
@@ -60,6 +65,8 @@ class DeferredSignals:
         """Give each handler back, unless something replaced the wrapper meanwhile; idempotent.
         A signal landing here (the grace's own) is dropped when one is pending already."""
         self._active = False
+        if self in _wrapping:
+            _wrapping.remove(self)
         late = None
         for _attempt in range(5):
             try:
@@ -96,3 +103,25 @@ class DeferredSignals:
         time.sleep(GRACE_SECONDS)
         if self._active:  # checked and sent without letting the GIL go: restore() cannot come between
             signal.pthread_kill(self._main, signum)
+
+
+_wrapping: list[DeferredSignals] = []
+"""The starts whose wrappers are in place (one, or nested starts on the main thread)."""
+
+
+def _give_handlers_back_in_child() -> None:
+    """In a forked child: the parent's starts are not the child's; each wrapper that is still in
+    place gives way to its handler (a worker's SIGALRM timeout, a Ctrl-C, raise there at once)."""
+    while _wrapping:
+        signals = _wrapping.pop()
+        signals._active = False
+        for signum, (handler, wrapper) in signals._wrapped.items():
+            try:
+                if signal.getsignal(signum) is wrapper:
+                    signal.signal(signum, handler)
+            except (OSError, ValueError):
+                pass  # not the main thread's: a child of a fork from another thread
+        signals._wrapped.clear()
+
+
+_registry.reset_in_child(_give_handlers_back_in_child)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from .subproc import run_script, run_stopped
+from .subproc import check_python, run_script, run_stopped
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,6 +30,46 @@ def test_user_handlers_on_realtime_signals_run_in_workers(case):
     assert torch["handled"] == 8 and torch["dumps"] == 8, torch
     ours = _result("user_signals.py", "safeloader", case)
     assert ours["handled"] == 8 and ours["dumps"] == 8, ours
+
+
+def test_a_parent_handler_that_raises_raises_at_once_in_a_worker_as_under_torch():
+    # A start wraps the Python handlers so that what one raises (Ctrl-C) waits for the start's end.
+    # The workers forked meanwhile inherited the wrappers: a SIGALRM per-item timeout set in the
+    # parent was kept back there and raised 2 s later, in another item (or the worker's idle loop).
+    out = check_python(
+        """
+        import signal, time
+        import torch, safeloader
+
+        class ItemTimeout(Exception):
+            pass
+
+        def on_alarm(signum, frame):
+            raise ItemTimeout()
+
+        signal.signal(signal.SIGALRM, on_alarm)
+
+        class Items(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, index):
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                try:
+                    time.sleep(1.0 if index == 2 else 0.05)
+                    return str(index)
+                except ItemTimeout:
+                    return f"{index} timed out"
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+
+        for loader_class in (torch.utils.data.DataLoader, safeloader.DataLoader):
+            print(list(loader_class(Items(), batch_size=None, num_workers=2)), flush=True)
+        """,
+        timeout=60,
+    ).stdout
+    expected = str(["0", "1", "2 timed out", "3", "4", "5", "6", "7"])
+    assert out.splitlines() == [expected, expected], out
 
 
 def test_faulthandler_registration_in_the_parent_is_kept_after_loaders():
