@@ -11,6 +11,7 @@ the loader: an array still reads, its threads and the global's, and blosc2's liv
 
 import os
 import sys
+import time
 import warnings
 
 import blosc2
@@ -73,7 +74,11 @@ if __name__ == "__main__":
             continue  # Python 3.12+ on any fork with live threads: torch's loader gets it too
         print(f"{warning.category.__name__}: {warning.message}")
     global_threads = blosc2.blosc2_ext.set_nthreads(2)  # the previous value: the parent's, restored
+    # The pool's threads, counted once each waits in C-Blosc2: one just started may still be on its way.
+    deadline = time.monotonic() + 2
+    while (pool_threads := _pool_threads()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("PARENT", float(dataset.array[2].sum()) == float(VALUES[2].sum()), dataset.array.schunk.cparams.nthreads,
           dataset.array.schunk.dparams.nthreads, dataset.chunks.dparams.nthreads, global_threads, blosc2.nthreads,
-          _pool_threads())
+          pool_threads)
     print("LEFT", len(workers_left()))
