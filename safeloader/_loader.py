@@ -294,7 +294,7 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
 
     - ``zarrs_mode``: how workers decode zarrs arrays ("pool", "serial", "python");
     - ``thread_budget``: threads each worker may give a BLAS/OpenMP pool (None: cores // workers);
-    - ``freeze_gc``: freeze the parent's objects around forks (less copy-on-write);
+    - ``freeze_gc``: each worker freezes the objects it inherits (less copy-on-write);
     - ``stall_timeout``: seconds a busy worker may go without finishing an item (None: off);
     - ``disable_hooks``: names of hooks not to run for this loader;
     - ``on_unsafe_fork``: what to do when the parent holds a native pool no backend resets
