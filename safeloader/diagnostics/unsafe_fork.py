@@ -70,22 +70,24 @@ def _live_libraries() -> dict[str, int]:
     return counts
 
 
-def _hazard(library: str, count: int, options: Options, loader: Any) -> Hazard | None:
+def _hazard(library: str, count: int, options: Options, loader: Any) -> tuple[Hazard | None, bool]:
+    """(the hazard of ``library``'s live threads or None, whether the answer depended on ``loader``)."""
     entry, package = native_libraries.entry(library)
+    per_loader = False
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
-            return None
+            return None, False
         if entry.fork == native_libraries.HANDLED:
             # GNU OpenMP's idle threads are harmless: its hazard, a parallel region the parent ran,
             # is checked from forkstate's record below (hazards).
             if entry.alone or _is_gomp(library):
-                return None
+                return None, False
             if not _backend_active(entry.by, options):
                 note = f"its backend {entry.by!r} is off for this loader"
             else:
-                note = _uncovered(entry.by, loader)
+                note, per_loader = _uncovered(entry.by, loader)
                 if not note:
-                    return None
+                    return None, per_loader
         else:
             note = entry.by + (f"; its own fork-safe setting: {entry.remedy}" if entry.remedy else "")
     else:
@@ -96,24 +98,19 @@ def _hazard(library: str, count: int, options: Options, loader: Any) -> Hazard |
     if package != os.path.basename(library):
         what += f" ({os.path.basename(library)})"
     aborts = entry is not None and entry.fork == native_libraries.ABORTS
-    return Hazard(library, package, count, what, note, aborts)
+    return Hazard(library, package, count, what, note, aborts), per_loader
 
 
-def _uncovered(backend_name: str, loader: Any) -> str:
-    """Why the backend ``backend_name`` leaves its libraries' live threads a hazard for ``loader``; ''."""
-    from .. import backends
-
-    backend = backends.get(backend_name)
-    return backend.uncovered(loader) if backend is not None else ""
-
-
-def _asks_loader(backend_name: str) -> bool:
-    """Whether the backend's answer depends on the loader (it overrides ``Backend.uncovered``)."""
+def _uncovered(backend_name: str, loader: Any) -> tuple[str, bool]:
+    """(why the backend ``backend_name`` leaves its libraries' live threads a hazard for ``loader``
+    or '', whether it was asked: it overrides ``Backend.uncovered``, so the answer is the loader's)."""
     from .. import backends
     from ..backends._backend import Backend
 
     backend = backends.get(backend_name)
-    return backend is not None and type(backend).uncovered is not Backend.uncovered
+    if backend is None or type(backend).uncovered is Backend.uncovered:
+        return "", False
+    return backend.uncovered(loader), True
 
 
 def _is_gomp(library: str) -> bool:
@@ -179,10 +176,8 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
         for library, count in sorted(live.items()):
             if native_libraries.is_system(library):
                 continue
-            entry, _package = native_libraries.entry(library)
-            if entry is not None and entry.fork == native_libraries.HANDLED and _asks_loader(entry.by):
-                per_loader = True
-            hazard = _hazard(library, count, options, loader)
+            hazard, asked_loader = _hazard(library, count, options, loader)
+            per_loader = per_loader or asked_loader
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
