@@ -156,15 +156,23 @@ def test_a_pool_started_after_a_loader_start_is_found_at_the_next_start(tiny_poo
     out = check_python(
         f"""
         import ctypes
+        import time
         import torch
         import safeloader
+        from safeloader.diagnostics.unsafe_fork import _live_libraries as live_libraries
 
         lib = ctypes.CDLL({str(tiny_pool)!r})
         loader = safeloader.DataLoader(list(range(4)), batch_size=None, num_workers=2, on_unsafe_fork="raise")
         print(sorted(int(x) for x in loader))
         print(sorted(int(x) for x in loader))  # kept: the same threads
         lib.pool_start(2)
-        assert lib.pool_square(3) == 9  # used, so both threads wait in the library (not still starting)
+        assert lib.pool_square(3) == 9
+        # Until both threads wait in the library: one just created may still be starting (a loaded
+        # machine runs it late), and is then not attributed at the start (asked again at the next).
+        deadline = time.monotonic() + 10
+        while sum(n for path, n in live_libraries().items() if "libtinypool" in path) < 2:
+            assert time.monotonic() < deadline, live_libraries()
+            time.sleep(0.01)
         try:
             list(loader)
         except safeloader.UnsafeForkError as exc:
