@@ -81,6 +81,18 @@ class DeferredSignals:
         if late is not None and self.pending is None:
             raise late
 
+    def give_back_in_child(self) -> None:
+        """In a child forked during the start: each wrapper still in place gives way to its handler
+        (no interrupt to outlast here: nothing of the start is the child's to undo)."""
+        self._active = False
+        for signum, (handler, wrapper) in self._wrapped.items():
+            try:
+                if signal.getsignal(signum) is wrapper:
+                    signal.signal(signum, handler)
+            except (OSError, ValueError):
+                pass  # not the main thread's: a child of a fork from another thread
+        self._wrapped.clear()
+
     def _wrap(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
         def deferring(signum: int, frame: FrameType | None) -> Any:
             if not self._active or self.pending is not None:
@@ -110,18 +122,10 @@ _wrapping: list[DeferredSignals] = []
 
 
 def _give_handlers_back_in_child() -> None:
-    """In a forked child: the parent's starts are not the child's; each wrapper that is still in
-    place gives way to its handler (a worker's SIGALRM timeout, a Ctrl-C, raise there at once)."""
+    """In a forked child: the parent's starts are not the child's (a worker's SIGALRM timeout, a
+    Ctrl-C, raise there at once)."""
     while _wrapping:
-        signals = _wrapping.pop()
-        signals._active = False
-        for signum, (handler, wrapper) in signals._wrapped.items():
-            try:
-                if signal.getsignal(signum) is wrapper:
-                    signal.signal(signum, handler)
-            except (OSError, ValueError):
-                pass  # not the main thread's: a child of a fork from another thread
-        signals._wrapped.clear()
+        _wrapping.pop().give_back_in_child()
 
 
 _registry.reset_in_child(_give_handlers_back_in_child)
