@@ -1,0 +1,125 @@
+"""The open GPU finding of docs/benchmarks.md, reproduced and looked into: `python scripts/gpu_warm_start_probe.py`.
+
+On an H100 machine (16 cores, torch 2.11+cu130, Python 3.12) warm starts of a CUDA parent were 1.7-1.9x
+torch's fork loader with this Dataset (a tensor, the index and ``os.getppid()`` per item) and 1.05-1.09x
+with a Dataset of one tensor and the index. The parent then waits 24-32 ms (torch: 1.3 ms) for a worker
+to hand over the batch's shared-memory descriptors, while that worker's threads are slow to run
+(its queue feeder in torch's ``_share_fd_cpu_``, its new resource-sharer thread not yet started).
+
+Prints, as JSON lines: the warm-start ratio (alternating pairs) for this Dataset and for the one-tensor
+Dataset, with every hook on and with every hook off; then, for one start of each loader, which threads
+of the parent and of the workers were runnable (state R in /proc/<pid>/task/<tid>/stat) while the
+parent waited for the first batch, sampled every millisecond, by thread name. A CUDA parent when
+torch has a GPU; runs (without CUDA) anywhere else.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+
+warnings.simplefilter("ignore")
+if torch.cuda.is_available():
+    model = torch.nn.Linear(256, 256).cuda()
+    model(torch.randn(64, 256, device="cuda")).sum().item()  # CUDA initialised, its threads live
+import safeloader  # noqa: E402
+
+ALL_HOOKS = ["watchdog", "forkstate", "zarrs", "polars", "sockets", "files", "h5py", "lmdb", "fsspec",
+             "threadpools", "executors", "torch", "gc", "pin_memory", "blosc2", "pyav"]
+
+
+class Arrays(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(i)
+        return torch.from_numpy(rng.standard_normal(256).astype(np.float32)), i, os.getppid()
+
+
+class OneTensor(Arrays):
+    def __getitem__(self, i):
+        return torch.ones(256), i
+
+
+def runnable(pids: list[int]) -> list[str]:
+    """'<process>:<thread name>' for each thread of these processes in state R now."""
+    found = []
+    for n, pid in enumerate(pids):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+            if rest[0] == "R":
+                found.append(f"{'parent' if n == 0 else 'worker'}:{name}")
+    return found
+
+
+def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
+    loader = safeloader.DataLoader if kind == "safeloader" else torch.utils.data.DataLoader
+    extra = (kw or {}) if kind == "safeloader" else {}
+    start = time.perf_counter()
+    it = iter(loader(dataset(), batch_size=8, num_workers=4, multiprocessing_context="fork", **extra))
+    seen: collections.Counter[str] = collections.Counter()
+    samples = [0]
+    done = threading.Event()
+
+    pids = [os.getpid()] + [w.pid for w in it._workers]
+
+    def sampler() -> None:
+        while not done.is_set():
+            seen.update(runnable(pids))
+            samples[0] += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sampler) if sample else None
+    if thread is not None:
+        thread.start()
+    next(it)
+    elapsed = time.perf_counter() - start
+    done.set()
+    if thread is not None:
+        thread.join()
+    del it
+    return elapsed, samples[0], seen
+
+
+def ratio(name: str, dataset, kw=None, pairs: int = 10) -> None:
+    first_batch("safeloader", dataset, kw), first_batch("torch", dataset, kw)
+    rows = [(first_batch("safeloader", dataset, kw)[0], first_batch("torch", dataset, kw)[0]) for _ in range(pairs)]
+    print(json.dumps({"config": name, "median_ratio": round(statistics.median(s / t for s, t in rows), 3),
+                      "safeloader_ms": round(statistics.median(s for s, _ in rows) * 1e3, 1),
+                      "torch_ms": round(statistics.median(t for _, t in rows) * 1e3, 1)}), flush=True)
+
+
+def main() -> None:
+    print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "cores": os.cpu_count(),
+                      "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))
+    ratio("three_tensors", Arrays)
+    ratio("one_tensor", OneTensor)
+    ratio("three_tensors_every_hook_off", Arrays, {"disable_hooks": ALL_HOOKS, "stall_timeout": None,
+                                                   "on_unsafe_fork": "ignore"})
+    for kind in ("safeloader", "torch", "safeloader", "torch"):
+        elapsed, samples, seen = first_batch(kind, sample=True)
+        print(json.dumps({"runnable_while_waiting": kind, "ms": round(elapsed * 1e3, 1), "samples": samples,
+                          "threads": dict(seen.most_common(12))}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
