@@ -7,9 +7,11 @@ to hand over the batch's shared-memory descriptors, while that worker's threads 
 (its queue feeder in torch's ``_share_fd_cpu_``, its new resource-sharer thread not yet started).
 
 Prints, as JSON lines: the warm-start ratio (alternating pairs) for this Dataset and for the one-tensor
-Dataset, with every hook on and with every hook off; then, for one start of each loader, which threads
-of the parent and of the workers were runnable (state R in /proc/<pid>/task/<tid>/stat) while the
-parent waited for the first batch, sampled every millisecond, by thread name. A CUDA parent when
+Dataset, with every hook on and with every hook off; then, for two starts of each loader, the state of
+every thread of the parent and of the workers while the parent waited for the first batch, sampled
+every millisecond (runnable, or asleep and in which kernel function: /proc/<pid>/task/<tid>/stat and
+wchan), with the machine's count of runnable threads: are the worker's threads waiting for a CPU, or
+in the kernel (a lock of the address space, say)? A CUDA parent when
 torch has a GPU; runs (without CUDA) anywhere else.
 """
 
@@ -51,8 +53,10 @@ class OneTensor(Arrays):
         return torch.ones(256), i
 
 
-def runnable(pids: list[int]) -> list[str]:
-    """'<process>:<thread name>' for each thread of these processes in state R now."""
+def thread_states(pids: list[int]) -> list[str]:
+    """'<process>:<state>:<wchan>' for each thread of these processes now (state R: runnable, waiting
+    for a CPU or running; S/D: asleep, wchan the kernel function it sleeps in), and the machine's
+    runnable thread count ('machine:procs_running:<n>', from /proc/stat)."""
     found = []
     for n, pid in enumerate(pids):
         try:
@@ -63,11 +67,15 @@ def runnable(pids: list[int]) -> list[str]:
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     stat = f.read()
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    wchan = f.read().strip() or "-"
             except OSError:
                 continue
-            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
-            if rest[0] == "R":
-                found.append(f"{'parent' if n == 0 else 'worker'}:{name}")
+            state = stat[stat.rindex(")") + 2]
+            found.append(f"{'parent' if n == 0 else 'worker'}:{state}:{wchan if state != 'R' else '-'}")
+    with open("/proc/stat") as f:
+        running = next(line.split()[1] for line in f if line.startswith("procs_running"))
+    found.append(f"machine:procs_running:{running}")
     return found
 
 
@@ -84,7 +92,7 @@ def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
 
     def sampler() -> None:
         while not done.is_set():
-            seen.update(runnable(pids))
+            seen.update(thread_states(pids))
             samples[0] += 1
             time.sleep(0.001)
 
@@ -117,8 +125,8 @@ def main() -> None:
                                                    "on_unsafe_fork": "ignore"})
     for kind in ("safeloader", "torch", "safeloader", "torch"):
         elapsed, samples, seen = first_batch(kind, sample=True)
-        print(json.dumps({"runnable_while_waiting": kind, "ms": round(elapsed * 1e3, 1), "samples": samples,
-                          "threads": dict(seen.most_common(12))}), flush=True)
+        print(json.dumps({"thread_states_while_waiting": kind, "ms": round(elapsed * 1e3, 1), "samples": samples,
+                          "threads": dict(seen.most_common(20))}), flush=True)
 
 
 if __name__ == "__main__":
