@@ -81,7 +81,8 @@ def test_the_parents_young_objects_stay_young_so_an_iterator_in_a_cycle_is_colle
         gc.disable()  # only the loaders move objects between generations here
         for name, loader_class in (("torch", torch.utils.data.DataLoader), ("safeloader", safeloader.DataLoader)):
             gc.collect()
-            iterator = iter(loader_class(Items(), batch_size=None, num_workers=2))
+            # One worker: torch's shutdown from a collection waits 5 s for each.
+            iterator = iter(loader_class(Items(), batch_size=None, num_workers=1))
             next(iterator)
             iterator.cycle = iterator
             freed = weakref.ref(iterator)
