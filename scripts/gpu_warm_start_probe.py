@@ -10,8 +10,9 @@ Prints, as JSON lines: the warm-start ratio (alternating pairs) for this Dataset
 Dataset, with every hook on and with every hook off; then, for two starts of each loader, the state of
 every thread of the parent and of the workers while the parent waited for the first batch, sampled
 every millisecond (runnable, or asleep and in which kernel function: /proc/<pid>/task/<tid>/stat and
-wchan), with the machine's count of runnable threads: are the worker's threads waiting for a CPU, or
-in the kernel (a lock of the address space, say)? A CUDA parent when
+wchan), with the machine's count of runnable threads and the CPUs each process may run on: are the worker's
+threads waiting for a CPU (an affinity inherited from the parent?), or in the kernel (a lock of the
+address space, say)? A CUDA parent when
 torch has a GPU; runs (without CUDA) anywhere else.
 """
 
@@ -37,6 +38,9 @@ import safeloader  # noqa: E402
 
 ALL_HOOKS = ["watchdog", "forkstate", "zarrs", "polars", "sockets", "files", "h5py", "lmdb", "fsspec",
              "threadpools", "executors", "torch", "gc", "pin_memory", "blosc2", "pyav"]
+
+
+THREADING_VARIABLES = ("OMP_", "GOMP_", "KMP_", "OPENBLAS", "MKL_")  # thread counts, CPU binding
 
 
 class Arrays(torch.utils.data.Dataset):
@@ -89,6 +93,7 @@ def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
     done = threading.Event()
 
     pids = [os.getpid()] + [w.pid for w in it._workers]
+    affinity = [len(os.sched_getaffinity(pid)) for pid in pids]  # CPUs each may run on (inherited at fork)
 
     def sampler() -> None:
         while not done.is_set():
@@ -105,6 +110,7 @@ def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
     if thread is not None:
         thread.join()
     del it
+    seen.update({f"affinity:parent {affinity[0]} workers {affinity[1:]}": 1})
     return elapsed, samples[0], seen
 
 
@@ -118,6 +124,8 @@ def ratio(name: str, dataset, kw=None, pairs: int = 10) -> None:
 
 def main() -> None:
     print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "cores": os.cpu_count(),
+                      "affinity": len(os.sched_getaffinity(0)),
+                      "env": {k: v for k, v in os.environ.items() if k.startswith(THREADING_VARIABLES)},
                       "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))
     ratio("three_tensors", Arrays)
     ratio("one_tensor", OneTensor)
@@ -126,7 +134,7 @@ def main() -> None:
     for kind in ("safeloader", "torch", "safeloader", "torch"):
         elapsed, samples, seen = first_batch(kind, sample=True)
         print(json.dumps({"thread_states_while_waiting": kind, "ms": round(elapsed * 1e3, 1), "samples": samples,
-                          "threads": dict(seen.most_common(20))}), flush=True)
+                          "threads": dict(seen.most_common(24))}), flush=True)
 
 
 if __name__ == "__main__":
