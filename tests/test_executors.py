@@ -23,3 +23,16 @@ def test_torch_worker_waits_forever_on_the_parents_executor():
 def test_each_worker_starts_its_own_threads_and_the_parents_executor_still_works():
     lines = check_script("executor_in_dataset.py", "safeloader", timeout=60).stdout.splitlines()
     assert lines == [ITEMS, "PARENT 7 1"], lines
+
+
+@pytest.mark.torch_baseline
+def test_torch_worker_waits_forever_on_the_parents_thread_pool():
+    # multiprocessing.pool.ThreadPool: the worker's copy has the parent's task queue and no thread.
+    result = run_script("thread_pool_in_a_global.py", "torch", timeout=60, expect_hang=True)
+    assert result.timed_out and result.stdout == "", result
+
+
+def test_a_thread_pool_in_a_global_gets_its_own_threads_in_each_worker_and_still_works_in_the_parent():
+    lines = check_script("thread_pool_in_a_global.py", "safeloader", timeout=60).stdout.splitlines()
+    items = str([index * 10 + 3 for index in range(6)])
+    assert lines == [items, items, "PARENT 7 2"], lines

@@ -1,4 +1,5 @@
-"""``concurrent.futures.ThreadPoolExecutor``s a Dataset holds work in forked workers.
+"""Python thread pools the parent uses work in forked workers: ``concurrent.futures.ThreadPoolExecutor``
+and ``multiprocessing.pool.ThreadPool``.
 
 How it works and why: docs/internals.md, ``safeloader.backends.executors``.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import hook_names
 from .._registry import fork_context
@@ -17,6 +18,14 @@ from ._backend import Backend
 NAME = hook_names.EXECUTORS
 
 __all__ = ["BACKEND", "NAME"]
+
+
+class _Plan(NamedTuple):
+    executors: list[Any]
+    """ThreadPoolExecutors with live threads."""
+    thread_pools: list[Any]
+    """multiprocessing.pool.ThreadPools still running."""
+
 
 def _live_executors() -> list[Any]:
     thread_module = sys.modules.get("concurrent.futures.thread")
@@ -31,22 +40,60 @@ def _live_executors() -> list[Any]:
     return list(found.values())
 
 
+def _live_thread_pools() -> list[Any]:
+    """The running ``multiprocessing.pool.ThreadPool``s, wherever they are held (dask's documented
+    ``dask.config.set(pool=ThreadPool(n))`` keeps one in its config): each registers its own
+    termination with multiprocessing's finalizers, which hold a weak reference to it."""
+    pool_module = sys.modules.get("multiprocessing.pool")
+    util = sys.modules.get("multiprocessing.util")
+    registry = getattr(util, "_finalizer_registry", None)
+    if pool_module is None or not registry:
+        return []
+    terminate = pool_module.Pool._terminate_pool.__func__
+    found = []
+    for finalizer in list(registry.values()):
+        if getattr(getattr(finalizer, "_callback", None), "__func__", None) is not terminate:
+            continue
+        reference = getattr(finalizer, "_weakref", None)
+        pool = reference() if reference is not None else None
+        if isinstance(pool, pool_module.ThreadPool) and pool._state == pool_module.RUN:
+            found.append(pool)
+    return found
+
+
+def _restart_thread_pool(pool: Any) -> None:
+    """Give the worker's copy of ``pool`` what a new ThreadPool of the same size has: its own
+    threads, queues and result cache (tasks the parent had queued are the parent's). The same
+    object, so every reference to it works; the parent's termination is dropped (its threads are
+    not here), and the new one is registered for this object."""
+    from multiprocessing.pool import ThreadPool
+
+    pool._terminate.cancel()
+    ThreadPool.__init__(pool, pool._processes, getattr(pool, "_initializer", None), getattr(pool, "_initargs", ()))
+
+
 class ExecutorsBackend(Backend):
     name = NAME
-    description = "ThreadPoolExecutors held by the Dataset start their own threads in each worker"
+    description = "ThreadPoolExecutors and multiprocessing ThreadPools get their own threads in each worker"
     plan_per_start = True
-    requires = ("concurrent.futures.thread",)
 
-    def before(self) -> list[Any] | None:
-        """The executors with live threads, for the worker to make new."""
-        return _live_executors() if fork_context() is not None else None
+    def before(self) -> _Plan | None:
+        """The executors with live threads and the running thread pools, for the worker to make new."""
+        if fork_context() is None:
+            return None
+        plan = _Plan(_live_executors(), _live_thread_pools())
+        return plan if plan.executors or plan.thread_pools else None
 
-    def after_in_child(self, plan: list[Any] | None) -> None:
-        for executor in plan or ():
+    def after_in_child(self, plan: _Plan | None) -> None:
+        if plan is None:
+            return
+        for executor in plan.executors:
             executor._threads = set()
             executor._idle_semaphore = threading.Semaphore(0)
             executor._work_queue = queue.SimpleQueue()
             executor._shutdown_lock = threading.Lock()
+        for pool in plan.thread_pools:
+            _restart_thread_pool(pool)
 
 
 BACKEND = ExecutorsBackend()
