@@ -15,7 +15,7 @@ export SAFELOADER_REQUIRE_NATIVE ?= 1
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: demo test test-latest check-pins check-packaging bench docs setup setup-latest clean
+.PHONY: demo test test-latest check-pins check-packaging bench bench-imports docs setup setup-latest clean
 
 # The newest stack: Python 3.13 (pyenv's, or PYTHON_LATEST=/path/to/python3.13), nothing pinned.
 # PIP_CONSTRAINT=/dev/null overrides a machine-wide pip constraint file (these machines cap torch).
@@ -68,7 +68,7 @@ test-latest: setup-latest
 # catches a pin that only a local wheel folder or pip configuration could satisfy.
 check-pins:
 	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= $(PYTHON) -m pip install --quiet --dry-run \
-	    --ignore-installed --report /dev/null -c constraints.txt '.[test,bench,docs]'
+	    --ignore-installed --report /dev/null -c constraints.txt '.[test,bench,docs]' $(BENCH_IMPORTS)
 
 # sdist + wheel installed in a fresh venv with and without a C compiler, then a smoke test.
 check-packaging: setup
@@ -80,6 +80,15 @@ docs: setup
 
 bench: setup
 	$(PY) -m benchmarks --quick
+
+# More native packages for bench_first_start's largest import set (about 300 extension modules),
+# kept out of .venv so that the tests never see them: installed beside it, pinned, without their
+# dependencies (numpy and threadpoolctl are .venv's); the benchmark's children put the folder last
+# on sys.path.
+BENCH_IMPORTS := scipy scikit-learn joblib cloudpickle narwhals opencv-python-headless
+BENCH_IMPORTS_DIR := build/bench-imports
+bench-imports: setup
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(BENCH_IMPORTS_DIR) -c constraints.txt $(BENCH_IMPORTS)
 
 clean:
 	rm -rf $(VENV) $(VENV_LATEST) build site *.egg-info safeloader/_native*.so

@@ -8,9 +8,11 @@ timing each start to its first batch; torch's loader and safeloader alternate,
 one process each per pair, and each ratio is the median over pairs of
 safeloader's time divided by torch's in the same pair; the parent's CPU time and page faults over
 torch's are reported too (they hold still where the times move with the machine). Three import sets:
-torch only, a realistic training script's imports, and that plus more of the
-common native packages (the set reaches however many are installed; the number
-of extension modules loaded is reported beside it).
+torch only (about 45 extension modules), a realistic training script's imports
+(about 160), and that plus more of the common native packages (about 320 with
+scipy, scikit-learn and OpenCV, which ``make bench-imports`` installs beside the
+``.venv``; without them the set reaches what is installed). The number of
+extension modules loaded is reported beside each set.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from .common import print_table, write_json
 
@@ -35,10 +38,16 @@ IMPORT_SETS: dict[str, tuple[str, ...]] = {
                              "sklearn.ensemble", "sklearn.linear_model", "cv2", "tokenizers", "PIL.Image", "lmdb",
                              "requests", "fsspec", "ray"),
 }
+LARGEST = "more native packages"
 STARTS = 3
+# `make bench-imports` installs scipy, scikit-learn and OpenCV here, not in the .venv the tests use.
+BENCH_IMPORTS = Path(__file__).resolve().parent.parent / "build" / "bench-imports"
 
 
 def _child(loader: str, import_set: str, workers: int) -> None:
+    if import_set == LARGEST and BENCH_IMPORTS.is_dir():
+        # Last: numpy and the rest stay the .venv's. Only here: pandas and lightning import scipy when found.
+        sys.path.append(str(BENCH_IMPORTS))
     imported = []
     for name in IMPORT_SETS[import_set]:
         try:
@@ -46,8 +55,23 @@ def _child(loader: str, import_set: str, workers: int) -> None:
             imported.append(name)
         except ImportError:
             pass
+    import os
+
     import torch
 
+    # The fork system calls alone, timed innermost (registered before safeloader's callbacks: its
+    # `before` runs before this one's, its `after_in_parent` after): the kernel's copy of the
+    # parent's page tables, the same work for both loaders and the largest and most variable part
+    # of a start in a large process (6-9 ms a fork with 300 extension modules on 2 cores).
+    forking: list[float] = [0.0, 0.0]  # [when the current fork began, seconds in forks this start]
+
+    def fork_began() -> None:
+        forking[0] = time.perf_counter()
+
+    def fork_ended() -> None:
+        forking[1] += time.perf_counter() - forking[0]
+
+    os.register_at_fork(before=fork_began, after_in_parent=fork_ended)
     if loader == "safeloader":
         from safeloader import DataLoader
     else:
@@ -60,19 +84,22 @@ def _child(loader: str, import_set: str, workers: int) -> None:
         def __getitem__(self, index: int) -> int:
             return index
 
-    times, faults, cpu = [], [], []
+    times, faults, cpu, forks = [], [], [], []
     for _ in range(STARTS):
+        forking[1] = 0.0
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         iterator = iter(DataLoader(Trivial(), batch_size=8, num_workers=workers))
         next(iterator)
         times.append(time.perf_counter() - start)
+        forks.append(forking[1])
         after = resource.getrusage(resource.RUSAGE_SELF)
         faults.append(after.ru_minflt - before.ru_minflt)  # pages the parent wrote after a fork, mostly
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         del iterator
     extensions = sum(1 for m in list(sys.modules.values()) if str(getattr(m, "__file__", "")).endswith(".so"))
-    print(json.dumps({"times": times, "faults": faults, "cpu": cpu, "extensions": extensions, "imported": imported}))
+    print(json.dumps({"times": times, "forks": forks, "faults": faults, "cpu": cpu, "extensions": extensions,
+                      "imported": imported}))
 
 
 def _compile_safeloader() -> None:
@@ -119,6 +146,17 @@ def run(pairs: int, workers: int, import_sets: list[str] | None = None) -> dict:
             "safeloader ms": [statistics.median(s["times"][k] for s in samples["safeloader"]) * 1e3
                               for k in range(STARTS)],
             "ratios": ratios,
+            # The fork system calls (the kernel's work, alike for both loaders) and the rest of a
+            # start: what each loader's own code and its workers take, as a ratio of the pair's.
+            "torch fork syscalls ms": [statistics.median(t["forks"][k] for t in samples["torch fork"]) * 1e3
+                                       for k in range(STARTS)],
+            "safeloader fork syscalls ms": [statistics.median(s["forks"][k] for s in samples["safeloader"]) * 1e3
+                                            for k in range(STARTS)],
+            "ratios without fork syscalls": [
+                statistics.median((s["times"][k] - s["forks"][k]) / (t["times"][k] - t["forks"][k])
+                                  for s, t in pairs_of)
+                for k in range(STARTS)
+            ],
             # Steadier than the times on a shared machine: the parent's CPU time and minor page
             # faults over torch's, medians of the pairs' differences.
             "extra cpu ms": [statistics.median((s["cpu"][k] - t["cpu"][k]) * 1e3 for s, t in pairs_of)
@@ -139,11 +177,23 @@ def print_results(results: dict, pairs: int, workers: int) -> None:
     print(f"\nFresh process, {workers} workers, starts 1 / 2 / 3 to the first batch, "
           f"median of {pairs} alternating pairs:")
     print_table(rows, ["imports", "extension modules", "torch fork ms", "safeloader ms", "safeloader / torch"])
+    print("\nThe fork system calls alone (the kernel copying the parent's page tables: alike for both loaders,"
+          " and the most variable part), and the rest of each start as a ratio:")
+    print_table([[import_set, " / ".join(f"{ms:.0f}" for ms in r["torch fork syscalls ms"]),
+                  " / ".join(f"{ms:.0f}" for ms in r["safeloader fork syscalls ms"]),
+                  " / ".join(f"{x:.2f}x" for x in r["ratios without fork syscalls"])]
+                 for import_set, r in results.items()],
+                ["imports", "torch fork syscalls ms", "safeloader fork syscalls ms", "rest: safeloader / torch"])
     print("\nThe parent's CPU time and minor page faults over torch's (median of the pairs' differences):")
     print_table([[import_set, " / ".join(f"{ms:.1f}" for ms in r["extra cpu ms"]),
                   " / ".join(f"{n:.0f}" for n in r["extra faults"])] for import_set, r in results.items()],
                 ["imports", "extra CPU ms", "extra faults"])
     print("targets: first start <= 1.10x, later starts <= 1.05x")
+    missing = [name for import_set, r in results.items() for name in IMPORT_SETS[import_set]
+               if name not in r["imported"]]
+    if missing:
+        print(f"not installed, so not imported: {', '.join(sorted(set(missing)))} (make bench-imports installs "
+              "scipy, scikit-learn and OpenCV beside the .venv)")
 
 
 def main(argv: list[str] | None = None) -> dict:
