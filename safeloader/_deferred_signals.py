@@ -14,6 +14,7 @@ its to undo.
 
 from __future__ import annotations
 
+import _signal  # signal's C functions: signal.getsignal/signal convert every handler to an enum
 import _thread
 import signal
 import threading
@@ -44,15 +45,17 @@ class DeferredSignals:
         self._active = True
         self._main = threading.main_thread().ident or 0
         _wrapping.append(self)
+        # _signal's functions, not signal's: those convert each handler to an enum (or try to, with an
+        # exception for each Python handler): 64 signals a start here, and in each worker at its fork.
         for signum in range(1, signal.NSIG):  # not valid_signals(): enum conversions, far slower
             try:
-                handler = signal.getsignal(signum)
+                handler = _signal.getsignal(signum)
             except ValueError:
                 continue
             if callable(handler):
                 wrapper = self._wrap(handler)
                 try:
-                    signal.signal(signum, wrapper)
+                    _signal.signal(signum, wrapper)
                 except (OSError, ValueError):
                     continue
                 self._wrapped[signum] = (handler, wrapper)
@@ -72,8 +75,8 @@ class DeferredSignals:
             try:
                 while self._wrapped:
                     signum, (handler, wrapper) = next(iter(self._wrapped.items()))
-                    if signal.getsignal(signum) is wrapper:
-                        signal.signal(signum, handler)
+                    if _signal.getsignal(signum) is wrapper:
+                        _signal.signal(signum, handler)
                     del self._wrapped[signum]
                 break
             except BaseException as exc:  # an interrupt that landed while handlers were given back
@@ -87,8 +90,8 @@ class DeferredSignals:
         self._active = False
         for signum, (handler, wrapper) in self._wrapped.items():
             try:
-                if signal.getsignal(signum) is wrapper:
-                    signal.signal(signum, handler)
+                if _signal.getsignal(signum) is wrapper:
+                    _signal.signal(signum, handler)
             except (OSError, ValueError):
                 pass  # not the main thread's: a child of a fork from another thread
         self._wrapped.clear()

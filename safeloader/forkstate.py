@@ -189,8 +189,7 @@ def _dynamic_linker() -> _DynamicLinker:
 
 def _native_thread(tid: int, name: str) -> ForeignThread:
     try:
-        with open(f"/proc/self/task/{tid}/syscall") as f:
-            fields = f.read().split()
+        fields = native.read_proc(f"/proc/self/task/{tid}/syscall").split()
     except OSError:  # exited meanwhile, or /proc restricted
         return ForeignThread(tid, name, "unknown", None)
     if not fields or fields[0] == "running":
@@ -221,7 +220,9 @@ def _gomp_loaded(libraries: tuple[str, ...]) -> tuple[str, ...]:
     time (``_DynamicLinker.loaded`` returns it while nothing is loaded) costs nothing."""
     global _gomp_of
     if libraries is not _gomp_of[0]:
-        _gomp_of = (libraries, tuple(sorted({os.path.realpath(p) for p in libraries if _is_gomp(p)})))
+        # The substring test first: a C-level scan, where basename() is a Python call per object.
+        _gomp_of = (libraries, tuple(sorted({os.path.realpath(p) for p in libraries
+                                             if _GOMP_PREFIX in p and _is_gomp(p)})))
     return _gomp_of[1]
 
 

@@ -5,6 +5,7 @@ How it works and why: docs/internals.md, ``safeloader.watchdog``.
 
 from __future__ import annotations
 
+import _signal  # signal.getsignal converts each answer to an enum (1-2 us a call, in every worker)
 import errno
 import faulthandler
 import mmap
@@ -345,7 +346,7 @@ def _stopped(pid: int) -> bool:
 def _still_held(signum: int, handler: int) -> bool:
     """Whether the handler installed on ``signum`` (at ``handler``) is still the one there."""
     try:
-        return native.signal_handler_address(signum) == handler and signal.getsignal(signum) == signal.SIG_DFL
+        return native.signal_handler_address(signum) == handler and _signal.getsignal(signum) == _signal.SIG_DFL
     except (OSError, ValueError):
         return False
 

@@ -28,6 +28,19 @@ def test_native_extension_is_built_when_expected():
     )
 
 
+def test_read_proc_reads_what_a_file_object_reads_and_stops_at_its_size(tmp_path):
+    # forkstate and the thread attribution read each native thread's /proc/.../syscall with it.
+    with open("/proc/self/status") as status:
+        name_line = status.readline()
+    assert native.read_proc("/proc/self/status").splitlines()[0] == name_line.rstrip("\n")
+    assert native.read_proc("/proc/self/status", 5) == name_line[:5]
+    tid = native.thread_ids()[0]
+    with open(f"/proc/self/task/{tid}/comm") as comm:
+        assert native.read_proc(f"/proc/self/task/{tid}/comm") == comm.read()
+    with pytest.raises(FileNotFoundError):
+        native.read_proc(str(tmp_path / "missing"))
+
+
 def test_thread_ids_agree_with_threads_running():
     result = check_script("native_parity.py", "thread_ids", timeout=30)
     assert result.stdout.strip() == "ok"

@@ -195,6 +195,7 @@ class H5pyBackend(Backend):
     first = True
     runs_after = (hook_names.SOCKETS,)
     requires = ("h5py",)
+    plan_per_start = True  # its plan, the writable files prepare_start found, holds for the whole start
     libraries = (
         Library(
             ("libhdf5", "h5py"),

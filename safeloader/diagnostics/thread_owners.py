@@ -10,6 +10,8 @@ import struct
 import time
 from bisect import bisect_right
 
+from .. import native
+
 __all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
 
 # Objects a pool's thread waits *through*, not the pool's owner.
@@ -39,7 +41,7 @@ class _Segments:
         self.all_ends: list[int] = []
 
     def refresh(self) -> None:
-        from .. import _loader_lock, native
+        from .. import _loader_lock
 
         counters = native.loaded_counters()
         if counters is not None and counters == self._counters and self.starts:
@@ -65,8 +67,6 @@ class _Segments:
             return end
         i = bisect_right(self.all_starts, address) - 1
         if i < 0 or address >= self.all_ends[i]:  # a stack mapped since the last read
-            from .. import native
-
             with open("/proc/self/maps", "rb") as maps:
                 self.all_starts, self.all_ends, _, _, _ = native.parse_maps(maps.read())
             i = bisect_right(self.all_starts, address) - 1
@@ -147,8 +147,7 @@ def _blocked_at(syscall_path: str) -> tuple[str, int, int] | None:
     """(the line, stack pointer, instruction pointer) of a thread blocked in a system call, from its
     ``/proc/.../syscall``; None if it runs, ended, or the line has no pointers."""
     try:
-        with open(syscall_path) as f:
-            line = f.read().strip()
+        line = native.read_proc(syscall_path).strip()
         fields = line.split()
         if len(fields) < 3 or fields[0] == "running":
             return None
@@ -244,8 +243,7 @@ def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
 
 def _is_running(tid: int) -> bool:
     try:
-        with open(f"/proc/self/task/{tid}/syscall") as f:
-            return f.read(7) == "running"
+        return native.read_proc(f"/proc/self/task/{tid}/syscall", 7) == "running"
     except OSError:
         return False
 
