@@ -59,10 +59,12 @@ def _child(loader: str, import_set: str, workers: int) -> None:
 
     import torch
 
-    # The fork system calls alone, timed innermost (registered before safeloader's callbacks: its
-    # `before` runs before this one's, its `after_in_parent` after): the kernel's copy of the
-    # parent's page tables, the same work for both loaders and the largest and most variable part
-    # of a start in a large process (6-9 ms a fork with 300 extension modules on 2 cores).
+    # os.fork() itself, timed innermost (registered before safeloader's callbacks: its `before` runs
+    # before this one's, its `after_in_parent` after): the kernel's copy of the parent's page tables,
+    # and the C at-fork handlers of the libraries (OpenBLAS stops its pool) and Python's own,
+    # registered before this; the largest and most variable part of a start in a large process
+    # (6-10 ms a fork with 300 extension modules on 2 cores). Both loaders' pairs report it.
+    assert "safeloader" not in sys.modules, "imported before the fork timer: its callbacks would be inside it"
     forking: list[float] = [0.0, 0.0]  # [when the current fork began, seconds in forks this start]
 
     def fork_began() -> None:
@@ -152,6 +154,8 @@ def run(pairs: int, workers: int, import_sets: list[str] | None = None) -> dict:
                                        for k in range(STARTS)],
             "safeloader fork syscalls ms": [statistics.median(s["forks"][k] for s in samples["safeloader"]) * 1e3
                                             for k in range(STARTS)],
+            "extra fork syscall ms": [statistics.median((s["forks"][k] - t["forks"][k]) * 1e3 for s, t in pairs_of)
+                                      for k in range(STARTS)],
             "ratios without fork syscalls": [
                 statistics.median((s["times"][k] - s["forks"][k]) / (t["times"][k] - t["forks"][k])
                                   for s, t in pairs_of)
@@ -177,13 +181,14 @@ def print_results(results: dict, pairs: int, workers: int) -> None:
     print(f"\nFresh process, {workers} workers, starts 1 / 2 / 3 to the first batch, "
           f"median of {pairs} alternating pairs:")
     print_table(rows, ["imports", "extension modules", "torch fork ms", "safeloader ms", "safeloader / torch"])
-    print("\nThe fork system calls alone (the kernel copying the parent's page tables: alike for both loaders,"
-          " and the most variable part), and the rest of each start as a ratio:")
+    print("\nos.fork() itself (the kernel copying the parent's page tables, the libraries' C at-fork handlers;"
+          " the most variable part), the pairs' difference in it, and the rest of each start as a ratio:")
     print_table([[import_set, " / ".join(f"{ms:.0f}" for ms in r["torch fork syscalls ms"]),
                   " / ".join(f"{ms:.0f}" for ms in r["safeloader fork syscalls ms"]),
+                  " / ".join(f"{ms:+.1f}" for ms in r["extra fork syscall ms"]),
                   " / ".join(f"{x:.2f}x" for x in r["ratios without fork syscalls"])]
                  for import_set, r in results.items()],
-                ["imports", "torch fork syscalls ms", "safeloader fork syscalls ms", "rest: safeloader / torch"])
+                ["imports", "torch fork() ms", "safeloader fork() ms", "difference ms", "rest: safeloader / torch"])
     print("\nThe parent's CPU time and minor page faults over torch's (median of the pairs' differences):")
     print_table([[import_set, " / ".join(f"{ms:.1f}" for ms in r["extra cpu ms"]),
                   " / ".join(f"{n:.0f}" for n in r["extra faults"])] for import_set, r in results.items()],

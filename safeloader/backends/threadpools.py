@@ -62,9 +62,9 @@ _OPENBLAS = ("libopenblas", "libscipy_openblas")
 _OPENMP = ("libgomp", "libomp", "libiomp")
 _OTHERS = ("libmkl_rt", "mkl_rt", "libblis", "libblas", "libflexiblas", "vcomp", "openblas")
 _PREFIXES = _OPENBLAS + _OPENMP + _OTHERS
-# In every name above, and in those of links to such a library (liblapack.so.3, libcblas.so.3):
-# a loaded object whose file name has none of these is no pool.
-_NAME_HINT = re.compile("blas|lapack|omp|mkl|blis")
+# Any of them anywhere in a file name: one search per loaded object instead of a test per prefix
+# (370 objects at a first start with 300 extension modules); a name without one can still be a link.
+_NAME_HINT = re.compile("|".join(re.escape(prefix) for prefix in _PREFIXES))
 _EXTENSION_SUFFIXES = tuple(suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES if suffix != ".so")
 
 
@@ -116,7 +116,7 @@ def _pools(libraries: tuple[str, ...]) -> tuple[_Pool, ...]:
 def _pool_at(path: str) -> _Pool | None:
     """The pool of the object loaded from ``path``, or None when it is no BLAS/OpenMP library."""
     name = os.path.basename(path).lower()
-    if _NAME_HINT.search(name) is None:  # most loaded objects: one search instead of the prefix tests
+    if _NAME_HINT.search(name) is None:  # no prefix of ours (most loaded objects)
         return _threadpoolctl_pool(path) if _links_to(path) else None
     if name.startswith(_OPENBLAS):
         return _openblas_pool(path) or _threadpoolctl_pool(path)
