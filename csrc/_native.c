@@ -16,6 +16,7 @@
  * - parse_maps(): /proc/self/maps as lists of bounds and paths (thread attribution, where
  *   the kernel cannot say which mapping holds a stack: PROCMAP_QUERY).
  * - code_segments(): the loaded objects' executable segments (thread attribution).
+ * - reserve_descriptor_slots(): grow the descriptor table ahead of need (safeloader/_fd_table.py).
  * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -62,6 +63,7 @@
 #include <stddef.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -221,6 +223,35 @@ static PyObject *list_descriptors(int offsets) {
     PyObject *table = PyList_AsTuple(result);
     Py_DECREF(result);
     return table;
+}
+
+/* Make room in this process's descriptor table for `spare` descriptors above the lowest free
+ * number (fewer where the RLIMIT_NOFILE soft limit is lower). A descriptor duplicated at that
+ * number makes the kernel grow the table, which never shrinks, and is closed at once; F_DUPFD
+ * takes the lowest free number at or above the one asked, so no open descriptor is touched.
+ * Returns the table's slots asked of the kernel, 0 where nothing was done (no open descriptor
+ * to duplicate, the limit reached). */
+static PyObject *reserve_descriptor_slots(PyObject *Py_UNUSED(self), PyObject *arg) {
+    long spare = PyLong_AsLong(arg);
+    if (spare == -1 && PyErr_Occurred()) return NULL;
+    for (int fd = 0; fd < 1024; fd++) {  /* the first open descriptor: 0 in nearly every process */
+        int lowest = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (lowest < 0) {
+            if (errno == EBADF) continue;
+            break;  /* EMFILE: no room at all */
+        }
+        close(lowest);
+        long slots = lowest + (spare > 0 ? spare : 0);
+        struct rlimit limit;
+        if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && (rlim_t)slots > limit.rlim_cur)
+            slots = (long)limit.rlim_cur;
+        if (slots <= lowest + 1 || slots > INT_MAX) break;  /* nothing to grow */
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)(slots - 1));
+        if (high < 0) break;  /* EINVAL or EMFILE: the table stays as it is */
+        close(high);
+        return PyLong_FromLong(slots);
+    }
+    return PyLong_FromLong(0);
 }
 
 /* ---- signal dispositions ---- */
@@ -502,6 +533,10 @@ static PyMethodDef methods[] = {
     {"regular_file_offsets", regular_file_offsets, METH_NOARGS,
      "regular_file_offsets($module, /)\n--\n\n"
      "(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file, in listing order."},
+    {"reserve_descriptor_slots", reserve_descriptor_slots, METH_O,
+     "reserve_descriptor_slots($module, spare, /)\n--\n\n"
+     "Grow this process's descriptor table to hold `spare` descriptors above the lowest free number "
+     "(capped by the RLIMIT_NOFILE soft limit); the slots asked of the kernel, or 0 where nothing was done."},
     {"signal_handler_address", signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

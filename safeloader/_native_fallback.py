@@ -8,6 +8,7 @@ one happened since it was last read, not how many. The C version counts each.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any
@@ -177,8 +178,37 @@ def signal_thread(pid: int, tid: int, signum: int) -> None:
         os.kill(pid, signum)
         return
     if tgkill(pid, tid, signum) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def reserve_descriptor_slots(spare: int) -> int:
+    """Grow this process's descriptor table to hold ``spare`` descriptors above the lowest free
+    number (capped by the ``RLIMIT_NOFILE`` soft limit): the slots asked of the kernel, or 0 where
+    nothing was done."""
+    import fcntl
+    import resource
+
+    for fd in range(1024):  # the first open descriptor: 0 in nearly every process
+        try:
+            lowest = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                continue
+            return 0  # EMFILE: no room at all
+        os.close(lowest)
+        slots = lowest + max(spare, 0)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            slots = min(slots, soft)
+        if slots <= lowest + 1:
+            return 0  # nothing to grow
+        try:
+            os.close(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, slots - 1))
+        except OSError:  # EINVAL or EMFILE: the table stays as it is
+            return 0
+        return slots
+    return 0
 
 
 def release_backtrace_handler(signum: int) -> bool:

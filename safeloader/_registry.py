@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from . import _import_locks, _loader_lock, _registration, _torch_internals, forkstate
+from . import _fd_table, _import_locks, _loader_lock, _registration, _torch_internals, forkstate
 from ._options import Options, get_options
 from ._registration import (  # the public registration API, also reachable here
     PHASES,
@@ -485,6 +485,8 @@ def _on_after_in_child() -> None:
     if _parent_failed_fork:
         _local.plans = _NO_PLANS
         return  # the parent raises and shuts this worker down; run nothing here
+    if context is not None:
+        _fd_table.grow_in_worker()  # before the worker's hooks and torch start any thread
     interrupts: list[BaseException] = []
     try:
         errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts, plans))

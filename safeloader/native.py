@@ -37,6 +37,7 @@ __all__ = [
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
+    "reserve_descriptor_slots",
     "signal_handler_address",
     "signal_thread",
     "thread_census",
@@ -95,6 +96,14 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
     worker fork, and a GIL released per file could be held by another thread meanwhile.
     """
     return _impl.regular_file_offsets()
+
+
+def reserve_descriptor_slots(spare: int) -> int:
+    """Grow this process's descriptor table to hold ``spare`` descriptors above the lowest free
+    number, fewer where the ``RLIMIT_NOFILE`` soft limit is lower; the table never shrinks. Returns
+    the slots asked of the kernel, 0 where nothing was done. Why a worker does this:
+    ``safeloader/_fd_table.py``."""
+    return _impl.reserve_descriptor_slots(spare)
 
 
 def install_backtrace_handler(signum: int, fd: int) -> bool:

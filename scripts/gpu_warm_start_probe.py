@@ -1,19 +1,20 @@
-"""The open GPU finding of docs/benchmarks.md, reproduced and looked into: `python scripts/gpu_warm_start_probe.py`.
+"""The GPU warm-start finding of docs/benchmarks.md, looked into: `python scripts/gpu_warm_start_probe.py [--pairs 10]`.
 
-On an H100 machine (16 cores, torch 2.11+cu130, Python 3.12) warm starts of a CUDA parent were 1.7-1.9x
-torch's fork loader with this Dataset (a tensor, the index and ``os.getppid()`` per item) and 1.05-1.09x
-with a Dataset of one tensor and the index. The parent then waits 24-32 ms (torch: 1.3 ms) for a worker
-to hand over the batch's shared-memory descriptors, while that worker's threads are slow to run
-(its queue feeder in torch's ``_share_fd_cpu_``, its new resource-sharer thread not yet started).
+On an H100 machine (16 cores, torch 2.11+cu130, Python 3.12) warm starts of a CUDA parent were 1.6-1.9x
+torch's fork loader with this Dataset (a tensor, the index and ``os.getppid()`` per item) and 1.04-1.09x
+with a Dataset of one tensor and the index. Cause (found with this probe, 2026-11-26): the workers' threads
+slept in the kernel's ``expand_files``/``synchronize_rcu``: the CUDA parent holds 46 descriptors of a
+64-slot table, and safeloader's two stack files (the watchdog's memfds) made each worker's own descriptors
+pass 64 with its feeder thread running; growing the table in a process with threads waits for an RCU grace
+period. Fixed by growing each worker's table right after the fork (safeloader/_fd_table.py).
 
 Prints, as JSON lines: the warm-start ratio (alternating pairs) for this Dataset and for the one-tensor
 Dataset, with every hook on and with every hook off; then, for two starts of each loader, the state of
 every thread of the parent and of the workers while the parent waited for the first batch, sampled
-every millisecond (runnable, or asleep and in which kernel function: /proc/<pid>/task/<tid>/stat and
-wchan), with the machine's count of runnable threads and the CPUs each process may run on: are the worker's
-threads waiting for a CPU (an affinity inherited from the parent?), or in the kernel (a lock of the
-address space, say)? A CUDA parent when
-torch has a GPU; runs (without CUDA) anywhere else.
+every millisecond (its name, runnable or asleep and in which kernel function: /proc/<pid>/task/<tid>/stat
+and wchan), the milliseconds each thread ran and waited for a CPU (schedstat), with the machine's count of
+runnable threads and the CPUs each process may run on. A CUDA parent when torch has a GPU; runs (without
+CUDA) anywhere else.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class OneTensor(Arrays):
 
 
 def thread_states(pids: list[int]) -> list[str]:
-    """'<process>:<state>:<wchan>' for each thread of these processes now (state R: runnable, waiting
+    """'<process>:<thread name>:<state>:<wchan>' for each thread of these processes now (state R: runnable, waiting
     for a CPU or running; S/D: asleep, wchan the kernel function it sleeps in), and the machine's
     runnable thread count ('machine:procs_running:<n>', from /proc/stat)."""
     found = []
@@ -75,11 +76,33 @@ def thread_states(pids: list[int]) -> list[str]:
                     wchan = f.read().strip() or "-"
             except OSError:
                 continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
             state = stat[stat.rindex(")") + 2]
-            found.append(f"{'parent' if n == 0 else 'worker'}:{state}:{wchan if state != 'R' else '-'}")
+            found.append(f"{'parent' if n == 0 else 'worker'}:{name}:{state}:{wchan if state != 'R' else '-'}")
     with open("/proc/stat") as f:
         running = next(line.split()[1] for line in f if line.startswith("procs_running"))
     found.append(f"machine:procs_running:{running}")
+    return found
+
+
+def run_and_wait_ns(pids: list[int]) -> dict[str, tuple[int, int]]:
+    """'<process>:<thread name>:<tid>' -> (ns it ran on a CPU, ns it waited runnable for one), from
+    /proc/<pid>/task/<tid>/schedstat: waiting for a CPU shows in the second number, sleeping in neither."""
+    found = {}
+    for n, pid in enumerate(pids):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    ran, waited = (int(x) for x in f.read().split()[:2])
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            found[f"{'parent' if n == 0 else 'worker' + str(n)}:{name}:{tid}"] = (ran, waited)
     return found
 
 
@@ -102,6 +125,7 @@ def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
             time.sleep(0.001)
 
     thread = threading.Thread(target=sampler) if sample else None
+    before = run_and_wait_ns(pids) if sample else {}
     if thread is not None:
         thread.start()
     next(it)
@@ -109,6 +133,11 @@ def first_batch(kind: str, dataset=Arrays, kw=None, sample: bool = False):
     done.set()
     if thread is not None:
         thread.join()
+        after = run_and_wait_ns(pids)
+        for key, (ran, waited) in after.items():  # ms each thread ran and waited for a CPU until the batch came
+            ran0, waited0 = before.get(key, (0, 0))
+            if ran - ran0 > 200_000 or waited - waited0 > 200_000:
+                seen[f"cpu_ms {key} ran {(ran - ran0) / 1e6:.1f} waited {(waited - waited0) / 1e6:.1f}"] = 1
     del it
     seen.update({f"affinity:parent {affinity[0]} workers {affinity[1:]}": 1})
     return elapsed, samples[0], seen
@@ -123,18 +152,19 @@ def ratio(name: str, dataset, kw=None, pairs: int = 10) -> None:
 
 
 def main() -> None:
+    pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 10
     print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "cores": os.cpu_count(),
                       "affinity": len(os.sched_getaffinity(0)),
                       "env": {k: v for k, v in os.environ.items() if k.startswith(THREADING_VARIABLES)},
                       "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))
-    ratio("three_tensors", Arrays)
-    ratio("one_tensor", OneTensor)
+    ratio("three_tensors", Arrays, pairs=pairs)
+    ratio("one_tensor", OneTensor, pairs=pairs)
     ratio("three_tensors_every_hook_off", Arrays, {"disable_hooks": ALL_HOOKS, "stall_timeout": None,
-                                                   "on_unsafe_fork": "ignore"})
+                                                   "on_unsafe_fork": "ignore"}, pairs=pairs)
     for kind in ("safeloader", "torch", "safeloader", "torch"):
         elapsed, samples, seen = first_batch(kind, sample=True)
         print(json.dumps({"thread_states_while_waiting": kind, "ms": round(elapsed * 1e3, 1), "samples": samples,
-                          "threads": dict(seen.most_common(24))}), flush=True)
+                          "threads": dict(seen.most_common(60))}), flush=True)
 
 
 if __name__ == "__main__":

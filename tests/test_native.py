@@ -178,6 +178,7 @@ NATIVE_FUNCTIONS = (
     "threads_within",
     "descriptor_table",
     "regular_file_offsets",
+    "reserve_descriptor_slots",
     "signal_handler_address",
     "loaded_objects",
     "parse_maps",
