@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .backends._backend import Backend
     from .diagnostics.native_libraries import Library
     from .diagnostics.unsafe_fork import UnsafeForkWarning
-    from .watchdog import WorkerStallError
+    from .watchdog import WorkerStallError, WorkerStoppedWarning
 
     DataLoader = SafeDataLoader
 
@@ -64,6 +64,7 @@ _LAZY = {
     "installed": ("._install", "installed"),
     "doctor": (".doctor", "doctor"),
     "WorkerStallError": (".watchdog", "WorkerStallError"),
+    "WorkerStoppedWarning": (".watchdog", "WorkerStoppedWarning"),
     "UnsafeForkWarning": (".diagnostics.unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
     "Library": (".diagnostics.native_libraries", "Library"),
@@ -102,6 +103,7 @@ __all__ = [
     "UnsafeForkError",
     "UnsafeForkWarning",
     "WorkerStallError",
+    "WorkerStoppedWarning",
     "configure",
     "disable",
     "doctor",

@@ -63,6 +63,12 @@ class WorkerStallError(RuntimeError):
         """Every stack collected, all threads, Python and native."""
 
 
+class WorkerStoppedWarning(RuntimeWarning):
+    """A DataLoader worker with work to do has been stopped (``SIGSTOP``, or held by a debugger)
+    for longer than its ``stall_timeout`` while the main process runs: the loader waits for it.
+    A stopped worker is never reported as stalled; this says why the loader is waiting."""
+
+
 class Watch:
     """The heartbeats of one iterator's workers, shared between parent and workers.
 
@@ -95,6 +101,8 @@ class Watch:
         self.next_check = 0.0  # parent only: when the next heartbeat check is due
         # Parent only: per worker, when it was last seen continued after a stop (0.0: never).
         self.resumed = [0.0] * num_workers
+        # Parent only: per worker, whether its current stop was reported (WorkerStoppedWarning).
+        self.stop_reported = [False] * num_workers
         me = threading.current_thread()
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
@@ -246,14 +254,19 @@ class Watch:
             pid = pids[worker_id] if pids is not None and worker_id < len(pids) else None
             if pid is not None and _continued_since_asked(pid):
                 self.resumed[worker_id] = now
+                self.stop_reported[worker_id] = False
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
             if state == IDLE or not alive[worker_id]:
                 continue
             batch = self.slots[base + BATCH]
             waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
             if waited > limit:
-                if pid is not None and _stopped(pid):
+                stop = _stop_state(pid) if pid is not None else ""
+                if pid is not None and stop:
                     self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
+                    if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
+                        self.stop_reported[worker_id] = True
+                        _warn_stopped(worker_id, pid, waited, stop)
                     continue
                 found.append((worker_id, waited, limit, state, items, batch))
         return found
@@ -333,14 +346,31 @@ def _continued_since_asked(pid: int) -> bool:
     return result is not None and result.si_code == os.CLD_CONTINUED
 
 
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped now (job control or a tracer)."""
+def _stop_state(pid: int) -> str:
+    """"T" if process ``pid`` is stopped now by a signal (job control, ``SIGSTOP``), "t" if a tracer
+    (a debugger) holds it stopped, "" otherwise."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return bool(fields) and fields[0] in ("T", "t")
+        return ""
+    return fields[0] if fields and fields[0] in ("T", "t") else ""
+
+
+def _warn_stopped(worker_id: int, pid: int, waited: float, stop: str) -> None:
+    import warnings
+
+    if stop == "t":
+        how = "a debugger (ptrace) holds it stopped"
+    else:
+        how = f"it was stopped (SIGSTOP); `kill -CONT {pid}` resumes it"
+    warnings.warn(
+        f"safeloader: DataLoader worker {worker_id} (pid {pid}) has made no progress for {waited:.0f} s and is "
+        f"stopped while the main process runs: {how}. The loader waits for it; a stopped worker is not "
+        "counted as stalled.",
+        WorkerStoppedWarning,
+        stacklevel=2,
+    )
 
 
 def _still_held(signum: int, handler: int) -> bool:

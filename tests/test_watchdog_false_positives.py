@@ -4,6 +4,8 @@ with Ctrl-Z/SIGSTOP for longer than stall_timeout, a batched ``__getitems__``, a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .subproc import check_script, run_script, run_stopped
@@ -39,3 +41,17 @@ def test_a_hung_collate_fn_is_reported_as_collation():
     result = run_script("slow_collate.py", "hang", timeout=120)
     assert not result.timed_out, result
     assert "STALL" in result.stdout and "while collating a batch of 4 item(s)" in result.stdout, result
+
+
+def test_a_worker_stopped_alone_is_named_while_it_is_stopped_and_the_epoch_completes():
+    """torch's loader waits for a stopped worker without a word; safeloader's says which worker, why
+    the loader waits and how to resume it, once, and is not mistaken for a stall."""
+    torch_run = json.loads(check_script("stopped_worker.py", "torch", timeout=90).stdout)
+    assert torch_run["items"] and torch_run["while_stopped"] == [], torch_run  # silent while it waited
+
+    run = json.loads(check_script("stopped_worker.py", "safeloader", timeout=90).stdout)
+    assert run["items"], run  # every item, once: nothing lost, no stall raised
+    (warning,) = run["while_stopped"]
+    assert warning.startswith("WorkerStoppedWarning: safeloader: DataLoader worker 0 "), warning
+    assert f"(pid {run['pid']})" in warning and f"kill -CONT {run['pid']}" in warning, warning
+    assert run["after"] == [], run  # once per stop
