@@ -23,4 +23,7 @@ a power of two: 1024 slots (8 KiB) for a parent with fewer than 512 descriptors.
 
 def grow_in_worker() -> None:
     """Make room for ``SPARE`` more descriptors in this worker, up to the ``RLIMIT_NOFILE`` soft limit."""
-    native.reserve_descriptor_slots(SPARE)
+    try:
+        native.reserve_descriptor_slots(SPARE)
+    except Exception:  # a table not grown costs time, never correctness: the worker's hooks must run next
+        pass

@@ -63,6 +63,25 @@ def test_safeloader_workers_seed_and_draw_while_a_parent_thread_draws_random_num
     assert result.stdout.splitlines() == ["[0, 1, 2, 3] True", "done"], result
 
 
+# Seen with a parent thread drawing np.random.* while a loader started: torch's worker loop seeds numpy.
+@pytest.mark.torch_baseline
+def test_torch_hangs_when_a_parent_thread_draws_from_numpys_global_generator_at_fork():
+    assert run_script("numpy_random_lock_at_fork.py", "torch", timeout=30, expect_hang=True).timed_out
+
+
+def test_safeloader_workers_seed_and_draw_while_a_parent_thread_draws_from_numpys_global_generator():
+    result = run_script("numpy_random_lock_at_fork.py", "safeloader", timeout=90)
+    assert not result.timed_out and result.returncode == 0, result
+    assert result.stdout.splitlines() == ["[0, 1, 2, 3] True True", "done"], result
+
+
+def test_with_the_torch_backend_disabled_the_stall_report_names_numpys_generator_lock():
+    result = run_script("numpy_random_lock_at_fork.py", "torch-off", timeout=90)
+    assert not result.timed_out and "STALL" in result.stdout, result
+    assert "numpy's global random generator lock" in result.stdout, result
+    assert "safeloader's 'torch' backend is disabled for this loader" in result.stdout, result
+
+
 def test_with_the_torch_backend_disabled_the_stall_report_names_the_generator_lock():
     result = run_script("generator_lock_at_fork.py", "torch-off", timeout=90)
     assert not result.timed_out and "STALL" in result.stdout, result

@@ -1,5 +1,6 @@
-"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised, and torch's
-random generator's lock made new in the worker when another parent thread held it at the fork.
+"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised, and the random
+generators torch's worker loop seeds (torch's and numpy's global one) made new in the worker when another
+parent thread held their lock at the fork.
 
 How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
 """
@@ -12,6 +13,7 @@ from typing import Any, NoReturn
 from .. import hook_names
 from .._registry import fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
+from . import _numpy_random_lock
 from ._backend import Backend
 from ._generator_lock import default_mutex, release_abandoned
 
@@ -50,7 +52,8 @@ class TorchBackend(Backend):
     name = hook_names.TORCH
     description = (
         "a worker that touches CUDA/XPU initialised in the parent gets a clear error; torch's random "
-        "generator lock, held by another parent thread at the fork, is made new in the worker"
+        "generator lock and numpy's global RandomState, held by another parent thread at the fork, are made "
+        "new in the worker"
     )
     plan_per_start = True
     requires = ("torch",)
@@ -61,7 +64,8 @@ class TorchBackend(Backend):
         return initialised_accelerators()
 
     def after_in_child(self, plan: tuple[str, ...] | None) -> None:
-        release_abandoned()  # before torch's worker loop seeds the generator (docs/internals.md)
+        release_abandoned()  # before torch's worker loop seeds the generators (docs/internals.md)
+        _numpy_random_lock.release_abandoned()
         for accelerator in plan or ():
             module: Any = sys.modules.get(f"torch.{accelerator}")
             if module is not None:

@@ -187,6 +187,15 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             f"forever in the worker. Fix: {_hook_state(hook_names.TORCH, watch)} (it makes that lock new in each "
             "worker), or keep other threads from drawing random numbers on the CPU while workers start."
         )
+    if _in_numpy_random(main_native, main_symbols):
+        return (
+            "numpy's global random generator lock: the worker's main thread waits for the lock of numpy's global "
+            "RandomState (np.random.seed, which torch's worker loop calls, or an np.random.* draw). Another thread "
+            "of the parent was drawing from it (np.random.* holds that lock with the GIL released) at the moment "
+            f"of the fork, so the lock stays held forever in the worker. Fix: {_hook_state(hook_names.TORCH, watch)} "
+            "(it gives numpy's global generator a new lock in each worker before torch seeds it), or give that "
+            "thread a generator of its own (np.random.default_rng())."
+        )
     if _in_dynamic_loader(main_native, main_symbols):
         return (
             "glibc's dynamic-loader lock: the worker's main thread waits in dlopen (loading a shared library, "
@@ -293,6 +302,13 @@ def _in_torch_random(main_files: list[str], main_symbols: list[str]) -> bool:
     """Whether the main thread waits on a mutex inside torch's random module (manual_seed, seed)."""
     in_random = any(f.endswith(os.path.join("torch", "random.py")) for f in main_files[:3])
     return in_random and any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols)
+
+
+def _in_numpy_random(main: NativeThread | None, main_symbols: list[str]) -> bool:
+    """Whether the main thread waits on a Python lock inside numpy.random (its global RandomState's)."""
+    if main is None or not any("PyThread_acquire_lock" in symbol for symbol in main_symbols):
+        return False
+    return any(os.path.join("numpy", "random") in library for library, _ in main.frames[:12])
 
 
 _LOADER_SYMBOLS = ("dlopen", "dl_open", "dl_catch", "dl_map_object", "libc_dlopen", "dl_open_worker")
