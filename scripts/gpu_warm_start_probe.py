@@ -58,27 +58,33 @@ class OneTensor(Arrays):
         return torch.ones(256), i
 
 
-def thread_states(pids: list[int]) -> list[str]:
-    """'<process>:<thread name>:<state>:<wchan>' for each thread of these processes now (state R: runnable, waiting
-    for a CPU or running; S/D: asleep, wchan the kernel function it sleeps in), and the machine's
-    runnable thread count ('machine:procs_running:<n>', from /proc/stat)."""
-    found = []
+def each_thread(pids: list[int]):
+    """(n, tid, {file: text}) for each thread of these processes now (n: 0 for the parent, i for worker i),
+    with the texts of its /proc/<pid>/task/<tid>/ files stat, wchan, schedstat and comm; threads gone skipped."""
     for n, pid in enumerate(pids):
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
         for tid in tids:
+            texts = {}
             try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-                    wchan = f.read().strip() or "-"
+                for name in ("stat", "wchan", "schedstat", "comm"):
+                    with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                        texts[name] = f.read().strip()
             except OSError:
                 continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            state = stat[stat.rindex(")") + 2]
-            found.append(f"{'parent' if n == 0 else 'worker'}:{name}:{state}:{wchan if state != 'R' else '-'}")
+            yield n, tid, texts
+
+
+def thread_states(pids: list[int]) -> list[str]:
+    """'<process>:<thread name>:<state>:<wchan>' for each thread of these processes now (state R: runnable, waiting
+    for a CPU or running; S/D: asleep, wchan the kernel function it sleeps in), and the machine's
+    runnable thread count ('machine:procs_running:<n>', from /proc/stat)."""
+    found = []
+    for n, _, texts in each_thread(pids):
+        state, wchan = texts["stat"][texts["stat"].rindex(")") + 2], texts["wchan"] or "-"
+        found.append(f"{'parent' if n == 0 else 'worker'}:{texts['comm']}:{state}:{wchan if state != 'R' else '-'}")
     with open("/proc/stat") as f:
         running = next(line.split()[1] for line in f if line.startswith("procs_running"))
     found.append(f"machine:procs_running:{running}")
@@ -89,20 +95,9 @@ def run_and_wait_ns(pids: list[int]) -> dict[str, tuple[int, int]]:
     """'<process>:<thread name>:<tid>' -> (ns it ran on a CPU, ns it waited runnable for one), from
     /proc/<pid>/task/<tid>/schedstat: waiting for a CPU shows in the second number, sleeping in neither."""
     found = {}
-    for n, pid in enumerate(pids):
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    ran, waited = (int(x) for x in f.read().split()[:2])
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    name = f.read().strip()
-            except (OSError, ValueError):
-                continue
-            found[f"{'parent' if n == 0 else 'worker' + str(n)}:{name}:{tid}"] = (ran, waited)
+    for n, tid, texts in each_thread(pids):
+        ran, waited = (int(x) for x in texts["schedstat"].split()[:2])
+        found[f"{'parent' if n == 0 else 'worker' + str(n)}:{texts['comm']}:{tid}"] = (ran, waited)
     return found
 
 
