@@ -17,6 +17,8 @@
  *   the kernel cannot say which mapping holds a stack: PROCMAP_QUERY).
  * - code_segments(): the loaded objects' executable segments (thread attribution).
  * - reserve_descriptor_slots(): grow the descriptor table ahead of need (safeloader/_fd_table.py).
+ * - descriptor_kinds(): whether a read-only file or a TCP socket is open, allocating nothing
+ *   (between a loader start's forks).
  * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -64,6 +66,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -223,6 +226,51 @@ static PyObject *list_descriptors(int offsets) {
     PyObject *table = PyList_AsTuple(result);
     Py_DECREF(result);
     return table;
+}
+
+/* What kinds of descriptor this process holds, as a bitmask: 1, a regular file open read-only;
+ * 2, a regular file (any access mode); 4, an IPv4/IPv6 stream socket (TCP, connected or not).
+ * The parent asks before each worker fork whether the fork hooks that privatize files and sever
+ * connections have anything to do there; when they do not, their worker runs none of their code.
+ * Allocates nothing (getdents64 into a buffer on the stack), for the reason threads_within does. */
+static PyObject *descriptor_kinds(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+    int own = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (own < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
+    _Alignas(8) char buffer[4096];
+    long kinds = 0;
+    for (;;) {
+        long count = syscall(SYS_getdents64, own, buffer, sizeof buffer);
+        if (count < 0) {
+            int error = errno;
+            close(own);
+            errno = error;
+            return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
+        }
+        if (count == 0) break;
+        for (long position = 0; position < count;) {
+            struct tid_dirent64 *entry = (struct tid_dirent64 *)(buffer + position);
+            position += entry->d_reclen;
+            char *end;
+            long fd = strtol(entry->d_name, &end, 10);
+            if (entry->d_name[0] == '\0' || *end != '\0' || fd == own) continue;  /* ".", "..", the listing's own */
+            struct stat st;
+            if (fstat((int)fd, &st) != 0) continue;  /* closed meanwhile */
+            if (S_ISREG(st.st_mode)) {
+                kinds |= 2;
+                int flags = fcntl((int)fd, F_GETFL);
+                if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) kinds |= 1;
+            } else if (S_ISSOCK(st.st_mode)) {
+                int domain = 0, type = 0;
+                socklen_t size = sizeof domain;
+                if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) continue;
+                size = sizeof type;
+                if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) continue;
+                if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) kinds |= 4;
+            }
+        }
+    }
+    close(own);
+    return PyLong_FromLong(kinds);
 }
 
 /* Make room in this process's descriptor table for `spare` descriptors above the lowest free
@@ -533,6 +581,10 @@ static PyMethodDef methods[] = {
     {"regular_file_offsets", regular_file_offsets, METH_NOARGS,
      "regular_file_offsets($module, /)\n--\n\n"
      "(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file, in listing order."},
+    {"descriptor_kinds", descriptor_kinds, METH_NOARGS,
+     "descriptor_kinds($module, /)\n--\n\n"
+     "What kinds of descriptor this process holds, a bitmask: 1 a regular file open read-only, "
+     "2 a regular file, 4 an IPv4/IPv6 stream socket."},
     {"reserve_descriptor_slots", reserve_descriptor_slots, METH_O,
      "reserve_descriptor_slots($module, spare, /)\n--\n\n"
      "Grow this process's descriptor table to hold `spare` descriptors above the lowest free number "

@@ -68,6 +68,32 @@ def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
     return tuple(table)
 
 
+def descriptor_kinds() -> int:
+    """A bitmask of the kinds of descriptor open: 1 a regular file open read-only, 2 a regular
+    file, 4 an IPv4/IPv6 stream socket."""
+    import fcntl
+    import socket
+
+    kinds = 0
+    for fd, mode, _, _ in descriptor_table():
+        try:
+            if stat.S_ISREG(mode):
+                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+                kinds |= 2
+                if flags & os.O_ACCMODE == os.O_RDONLY and not flags & getattr(os, "O_PATH", 0):
+                    kinds |= 1
+            elif stat.S_ISSOCK(mode):
+                probe = socket.socket(fileno=fd)
+                try:
+                    if probe.family in (socket.AF_INET, socket.AF_INET6) and probe.type == socket.SOCK_STREAM:
+                        kinds |= 4
+                finally:
+                    probe.detach()
+        except OSError:  # closed meanwhile
+            continue
+    return kinds
+
+
 def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
     """(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file."""
     found = []

@@ -24,6 +24,19 @@ PHASES = ("before", "after_in_parent", "after_in_child")
 Callback = Callable[[], object]
 
 
+class _NothingToDo:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "safeloader.NOTHING_TO_DO"
+
+
+NOTHING_TO_DO: Any = _NothingToDo()
+"""The plan a backend's ``before`` returns when this fork's worker has nothing for it to do: its
+``after_in_child`` is then not called in that worker (``after_in_parent`` gets None). A worker
+pays for every hook it runs in pages copied from its parent, even for one that returns at once."""
+
+
 @dataclass(frozen=True, eq=False)
 class Hook:
     """A registered set of fork callbacks. Returned by ``register_at_fork``."""
@@ -180,9 +193,10 @@ def register_planned(
 ) -> Hook:
     """Register a backend's hook (``safeloader.Backend.register``), replacing one of the same name:
     as ``register_at_fork``, except that what ``before`` returns in the parent, the fork's plan, is
-    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised).
-    ``per_start=True``: the plan holds for a loader's whole start (``Hook.per_start``); such a hook
-    has no ``after_in_parent``, which would run at forks whose ``before`` did not."""
+    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised;
+    ``NOTHING_TO_DO``: ``after_in_child`` is not called). ``per_start=True``: the plan holds for a
+    loader's whole start (``Hook.per_start``); such a hook has no ``after_in_parent``, which would run
+    at forks whose ``before`` did not."""
     if not isinstance(per_start, bool):
         raise RegistrationError(f"per_start must be a bool, got {per_start!r}")
     if per_start and after_in_parent is not None:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 from . import _fd_table, _import_locks, _loader_lock, _registration, _torch_internals, forkstate
 from ._options import Options, get_options
 from ._registration import (  # the public registration API, also reachable here
+    NOTHING_TO_DO,
     PHASES,
     Callback,
     Hook,
@@ -73,10 +74,11 @@ class Arming:
     start_plans: dict[str, Any] | None = None
     """The plans of the ``per_start`` hooks, made at this start's first worker fork: reused at its
     other forks while the parent's threads and loaded libraries are those recorded then."""
-    start_runs: tuple[int, tuple[Hook, ...], tuple[Hook, ...]] | None = None
-    """(``_registration.version``, the hooks whose ``before`` and whose ``after_in_parent`` run at
-    this start's other forks), found at its first: those forks reuse them with its plans, instead of
-    asking every registered hook again whether it runs (fewer objects touched, fewer pages copied)."""
+    start_runs: tuple[int, tuple[Hook, ...], tuple[Hook, ...], tuple[Hook, ...]] | None = None
+    """(``_registration.version``, the hooks whose ``before``, ``after_in_parent`` and ``after_in_child``
+    run at this start's forks), found at its first: its other forks reuse them with its plans, and
+    every worker runs the third, instead of asking every registered hook again whether it runs
+    (fewer objects touched, fewer pages copied: in a worker each is a page copied from the parent)."""
 
 
 _installed = False
@@ -86,9 +88,9 @@ _child_failures: list[BaseException] = []
 _child_resets: list[Callback] = []  # reset_in_child
 
 __all__ = [
-    "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names", "disable", "disarm",
-    "enable", "fork_context", "fork_memo", "get_hook", "hook_runs", "hooks", "installed", "is_interrupt", "plan_of",
-    "register_at_fork", "reset_in_child", "set_installed", "set_plan", "unregister",
+    "NOTHING_TO_DO", "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names",
+    "disable", "disarm", "enable", "fork_context", "fork_memo", "get_hook", "hook_runs", "hooks", "installed",
+    "is_interrupt", "plan_of", "register_at_fork", "reset_in_child", "set_installed", "set_plan", "unregister",
 ]
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
@@ -230,6 +232,11 @@ def _run_phase(
             continue
         if hooks is None and not hook._runs_for(context):
             continue
+        plan = plans.get(hook.name) if hook.planned and phase != "before" else None
+        if plan is NOTHING_TO_DO:
+            if phase == "after_in_child":
+                continue  # its before found nothing for this worker to do
+            plan = None
         for _attempt in range(3 if phase == "after_in_parent" else 1):
             try:
                 if not hook.planned:
@@ -237,7 +244,7 @@ def _run_phase(
                 elif phase == "before":
                     plans[hook.name] = callback()
                 else:
-                    callback(plans.get(hook.name))
+                    callback(plan)
                 break
             except BaseException as exc:  # SystemExit/KeyboardInterrupt too: never skip later hooks
                 if is_interrupt(exc, in_worker=phase == "after_in_child"):
@@ -384,6 +391,8 @@ def _on_before() -> None:
         if runs is not None and runs[0] != _registration.version:
             runs = None  # a hook registered, removed, disabled or enabled since the start's first fork
         _local.after_hooks = runs[2] if runs is not None else None
+        # The worker's hooks, known to the parent for this start: a worker then asks no hook whether it runs.
+        _local.child_hooks = runs[3] if runs is not None else None
         errors = _run_phase("before", context, interrupts, plans, planned_for_start, runs[1] if runs else None)
         if start is not None and not planned_for_start and not errors and not interrupts:
             start.start_plans = {
@@ -394,7 +403,9 @@ def _on_before() -> None:
                 _registration.version,
                 tuple(h for h in _registration.by_phase("before") if not h.per_start and h._runs_for(context)),
                 tuple(h for h in _registration.by_phase("after_in_parent") if h._runs_for(context)),
+                tuple(h for h in _registration.by_phase("after_in_child") if h._runs_for(context)),
             )
+            _local.child_hooks = start.start_runs[3]
         if context is not None:
             _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
@@ -447,7 +458,7 @@ def _close_fork(arming: Arming | None) -> None:
     finally:
         _local.pending = _NO_FORK
         _local.plans = _NO_PLANS
-        _local.after_hooks = None
+        _local.after_hooks = _local.child_hooks = None
         _local.parent_failed = False
         if getattr(_local, "fork_entered", False):
             _loader_lock.leave_fork()  # then unmarked: cut short between the two, a second leave is harmless
@@ -474,6 +485,8 @@ def _on_after_in_child() -> None:
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
     plans = getattr(_local, "plans", _NO_PLANS)  # kept while the worker's hooks run (plan_of)
+    hooks = getattr(_local, "child_hooks", None)
+    _local.child_hooks = None
     _local.pending = _NO_FORK
     _local.arming = None  # the child is not starting workers
     _local.fork_open = _local.fork_entered = False  # the parent closes its fork; _loader_lock is new
@@ -489,7 +502,7 @@ def _on_after_in_child() -> None:
         _fd_table.grow_in_worker()  # before the worker's hooks and torch start any thread
     interrupts: list[BaseException] = []
     try:
-        errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts, plans))
+        errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts, plans, hooks=hooks))
     finally:
         _local.plans = _NO_PLANS
     if not errors and not interrupts:

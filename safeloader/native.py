@@ -28,6 +28,7 @@ _impl, NATIVE = _load()
 __all__ = [
     "NATIVE",
     "ThreadCensus",
+    "descriptor_kinds",
     "descriptor_table",
     "foreign_thread_ids",
     "fork_generation",
@@ -96,6 +97,17 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
     worker fork, and a GIL released per file could be held by another thread meanwhile.
     """
     return _impl.regular_file_offsets()
+
+
+READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits
+
+
+def descriptor_kinds() -> int:
+    """What kinds of descriptor this process holds, a bitmask: ``READ_ONLY_FILE`` (a regular file
+    open read-only), ``REGULAR_FILE`` (any regular file), ``TCP_SOCKET`` (an IPv4/IPv6 stream
+    socket, connected or not). With the C extension it allocates nothing: the parent asks before
+    each worker fork whether the files and sockets hooks have anything to do in that worker."""
+    return _impl.descriptor_kinds()
 
 
 def reserve_descriptor_slots(spare: int) -> int:

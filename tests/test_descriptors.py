@@ -39,11 +39,15 @@ def worker_scans(disable):
     (seen,) = list(loader)
     return f"{seen} parent listed {len([pid for pid in scans if pid == os.getpid()])}"
 
+print(worker_scans(()))  # nothing for "files" or "sockets" to do: the parent lists nothing
+held = open(safeloader.__file__, "rb")  # a read-only file: "files" has work in the worker
+scans.clear()
 print(worker_scans(()))
 scans.clear()
 print(worker_scans(("files", "sockets")))
 """
-    recorded, unrecorded = check_python(code, timeout=60).stdout.split("\n")[:2]
+    nothing, recorded, unrecorded = check_python(code, timeout=60).stdout.split("\n")[:3]
+    assert nothing == "1 True True parent listed 0"  # no hook needed it in the parent: the worker listed once
     assert recorded == "0 True True parent listed 1"  # the parent's list, once: the worker listed nothing
     assert unrecorded == "1 True True parent listed 0"  # no list from the parent: the worker listed once
 

@@ -117,6 +117,9 @@ def test_every_start_after_an_interrupt_storm_works_and_no_worker_is_left(kind):
 
 @pytest.mark.torch_baseline
 @pytest.mark.parametrize("kind", ["sigint", "alarm"])
-def test_torchs_loader_hangs_in_the_same_storm(kind):
+def test_torchs_loader_hangs_or_fails_in_the_same_storm(kind):
     result = run_script("interrupt_storm.py", "torch", "60", kind, timeout=40, expect_hang=True)
-    assert result.timed_out, f"torch's loader was expected to hang in the storm:\n{result}"
+    # Mostly a hang; an interrupt landing early in its iterator's __init__ can instead make torch's
+    # own clean-up raise (AttributeError: no `_workers_status`), which ends the script: a failure too.
+    crashed = result.returncode not in (None, 0) and "Error" in result.stdout + result.stderr
+    assert result.timed_out or crashed, f"torch's loader was expected to hang or fail in the storm:\n{result}"

@@ -84,6 +84,16 @@ def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
     assert result.stdout.strip() == "ok"
 
 
+def test_descriptor_kinds_agree_and_see_read_only_files_and_tcp_sockets():
+    # What the child starts with (stdin: /dev/null; stdout: the helper's file, open for writing, or a
+    # pipe), a file open for writing (2), unix and UDP sockets (no kind), a TCP socket (4), an
+    # O_PATH descriptor (a regular file, not readable), a file open read-only (1), all closed.
+    result = check_script("native_parity.py", "descriptor_kinds", timeout=30)
+    seen = [int(kinds) for kinds in result.stdout.split()]
+    start = seen[0]
+    assert start in (0, 2) and seen == [start, 2, 2, 6, 6, 7, start], result.stdout
+
+
 def test_parse_maps_agrees_with_the_fallback_and_finds_every_loaded_object():
     from safeloader import _native_fallback
 
@@ -177,6 +187,7 @@ NATIVE_FUNCTIONS = (
     "thread_ids",
     "threads_within",
     "descriptor_table",
+    "descriptor_kinds",
     "regular_file_offsets",
     "reserve_descriptor_slots",
     "signal_handler_address",

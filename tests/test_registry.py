@@ -317,6 +317,59 @@ def test_a_hook_registered_or_disabled_between_two_forks_of_a_start_is_honoured_
     assert ran.read_text().split() == expected
 
 
+def test_a_backend_whose_before_finds_nothing_to_do_runs_nothing_in_that_worker(tmp_path):
+    # Backend.NOTHING_TO_DO: its after_in_child is not called in that worker, and its
+    # after_in_parent gets None; the other workers get their plans as usual.
+    marker = tmp_path / "workers"
+    parent_got = []
+
+    class Sometimes(safeloader.Backend):
+        name = "t.sometimes"
+        description = "has work only for odd workers"
+
+        def before(self):
+            worker = safeloader.fork_context().worker_id
+            return f"plan{worker}" if worker % 2 else self.NOTHING_TO_DO
+
+        def after_in_parent(self, plan) -> None:
+            parent_got.append(plan)
+
+        def after_in_child(self, plan) -> None:
+            with open(marker, "a") as f:
+                f.write(f"{safeloader.fork_context().worker_id}:{plan}\n")
+
+    safeloader.register_backend(Sometimes)
+    assert len(list(safeloader.DataLoader(list(range(8)), batch_size=2, num_workers=4))) == 4
+    assert sorted(marker.read_text().split()) == ["1:plan1", "3:plan3"]
+    assert parent_got == [None, "plan1", None, "plan3"]
+    assert repr(safeloader.Backend.NOTHING_TO_DO) == "safeloader.NOTHING_TO_DO"
+
+
+def test_a_worker_hook_disabled_between_two_forks_of_a_start_does_not_run_in_the_later_workers(tmp_path):
+    # The workers run the hooks the start's first fork found (Arming.start_runs) only while the
+    # registrations are unchanged.
+    marker = tmp_path / "workers"
+
+    def note() -> None:
+        with open(marker, "a") as f:
+            f.write(f"{safeloader.fork_context().worker_id} ")
+
+    safeloader.register_at_fork(after_in_child=note, name="t.noter")
+    forks = []
+
+    def disable_after_the_first_fork() -> None:
+        forks.append(1)
+        if len(forks) == 1:
+            safeloader.disable("t.noter")
+
+    safeloader.register_at_fork(after_in_parent=disable_after_the_first_fork, name="t.disabler")
+    try:
+        assert len(list(safeloader.DataLoader(list(range(6)), batch_size=2, num_workers=3))) == 3
+    finally:
+        safeloader.enable("t.noter")
+    assert marker.read_text().split() == ["0"]
+
+
 def test_a_per_start_backend_with_after_in_parent_is_refused():
     class Undoer(safeloader.Backend):
         name = "t.undoer"

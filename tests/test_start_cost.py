@@ -24,3 +24,17 @@ def test_a_live_pool_no_backend_handles_is_read_and_named():
     found = _start("unhandled")
     assert [path.rsplit("/", 1)[-1] for path in found["opened"]] == ["_polars_runtime.abi3.so"], found
     assert found["warned"], found
+
+
+def _worker_ran(mode: str) -> set[str]:
+    return set(json.loads(check_script("worker_hook_code.py", mode, timeout=90).stdout.splitlines()[-1])["ran"])
+
+
+def test_a_worker_runs_no_code_of_the_backends_whose_parent_found_nothing_for_it():
+    # Each hook a worker runs costs it pages copied from its parent: a backend whose `before`
+    # found nothing to hand over (Backend.NOTHING_TO_DO) runs nothing in the worker.
+    ran = _worker_ran("nothing")
+    assert not ran & {"files", "sockets", "executors", "lmdb", "h5py", "_reopen"}, ran
+    assert {"torch_state", "gc_freeze"} <= ran, ran  # what every worker needs still runs
+    held = _worker_ran("held")  # a read-only file and a TCP connection: both hooks run
+    assert {"files", "sockets", "_reopen"} <= held, held

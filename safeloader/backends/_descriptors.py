@@ -31,3 +31,13 @@ def at_fork() -> tuple[Descriptor, ...]:
 
 
 _MEMO = "memo:descriptors"
+
+
+def kinds_at_fork() -> int:
+    """``native.descriptor_kinds()`` for the fork under way, asked once by its parent's hooks."""
+    if not AVAILABLE:
+        return 0
+    return _registry.fork_memo(_KINDS_MEMO, native.descriptor_kinds)
+
+
+_KINDS_MEMO = "memo:descriptor kinds"

@@ -82,7 +82,7 @@ class ExecutorsBackend(Backend):
         if fork_context() is None:
             return None
         plan = _Plan(_live_executors(), _live_thread_pools())
-        return plan if plan.executors or plan.thread_pools else None
+        return plan if plan.executors or plan.thread_pools else self.NOTHING_TO_DO
 
     def after_in_child(self, plan: _Plan | None) -> None:
         if plan is None:

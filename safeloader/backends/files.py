@@ -9,7 +9,7 @@ import io
 import os
 from typing import Any
 
-from .. import hook_names
+from .. import hook_names, native
 from .._options import Options
 from .._registry import fork_context
 from . import _descriptors, _reopen
@@ -80,10 +80,15 @@ class FilesBackend(Backend):
     first = True
     runs_after = (hook_names.H5PY,)
 
-    def before(self) -> None:
+    def before(self) -> Any:
+        # A file's access mode never changes: one the parent holds read-only now is read-only in the
+        # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
+        if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
+            return self.NOTHING_TO_DO
         # Both made in the parent for this fork's hooks, and inherited by the worker.
         _descriptors.at_fork()
         _reopen.offsets_at_fork()
+        return None
 
     def after_in_child(self, plan: None) -> None:
         privatize_inherited_files()

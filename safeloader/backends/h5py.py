@@ -223,7 +223,7 @@ class H5pyBackend(Backend):
                 _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
 
     def before(self) -> Inodes:
-        return self.writable
+        return self.writable or self.NOTHING_TO_DO
 
     def after_in_child(self, plan: Inodes | None) -> None:
         protect_writable_files(plan or frozenset())

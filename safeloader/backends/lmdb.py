@@ -157,7 +157,9 @@ class LmdbBackend(Backend):
 
     def before(self) -> Plan | None:
         context = fork_context()
-        return self._plans.get(context.loader) if context is not None and context.loader is not None else None
+        if context is None or context.loader is None:
+            return None
+        return self._plans.get(context.loader) or self.NOTHING_TO_DO
 
     def after_in_child(self, plan: Plan | None) -> None:
         if plan:

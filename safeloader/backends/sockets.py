@@ -12,7 +12,7 @@ import stat
 import sys
 from typing import Any
 
-from .. import hook_names
+from .. import hook_names, native
 from . import _descriptors
 from ._backend import Backend
 
@@ -129,8 +129,12 @@ class SocketsBackend(Backend):
     first = True
     runs_after = (hook_names.PIN_MEMORY,)
 
-    def before(self) -> None:
+    def before(self) -> Any:
+        # A socket's family and type never change (whether it is connected does: the worker checks).
+        if not _descriptors.kinds_at_fork() & native.TCP_SOCKET:
+            return self.NOTHING_TO_DO
         _descriptors.at_fork()  # listed in the parent, for the worker's hooks
+        return None
 
     def __init__(self) -> None:
         self.stand_ins: StandIns | None = None

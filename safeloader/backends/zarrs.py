@@ -206,6 +206,7 @@ class ZarrsBackend(Backend):
         if context is None:  # only armed worker forks run this hook
             return None
         requested = context.options.zarrs_mode
+        zarrs_pipelines.patch()  # here, once per process, not in each worker
         # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
         # started builds its own from the module it inherits (and the parent loads no copy).
         live = requested == "pool" and self.runtime_live()

@@ -37,8 +37,10 @@ def worker_mode() -> str | None:
     return _state.mode if _state.pid == os.getpid() else None
 
 
-def activate(mode: str) -> None:
-    """Patch zarrs' pipeline class (once per process) and set the mode pipelines follow."""
+def patch() -> None:
+    """Patch zarrs' pipeline class, once per process. In the parent, before its first worker fork:
+    a worker then writes no page of the class (a patched type's caches and its subclasses'), and
+    the patched methods do what zarrs' own do wherever no mode is active (a process not a worker)."""
     pipeline = sys.modules["zarrs.pipeline"].ZarrsCodecPipeline
     if not _state.originals:
         _state.originals = {name: pipeline.__dict__[name] for name in ("__init__", "__setstate__", "read", "write")}
@@ -46,6 +48,12 @@ def activate(mode: str) -> None:
         pipeline.__setstate__ = _setstate
         pipeline.read = _read
         pipeline.write = _write
+
+
+def activate(mode: str) -> None:
+    """In a worker: set the mode every zarrs pipeline follows (patching the class if the parent did not)."""
+    if not _state.originals:
+        patch()
     _state.mode = mode
     _state.pid = os.getpid()
 

@@ -6,6 +6,8 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
                         one ended since: yes); a list of more than one directory read (200 threads)
   descriptor_table      both describe the same descriptors (a socket, a pipe, a file)
   regular_file_offsets  both give the same offsets, and skip what cannot seek
+  descriptor_kinds      both see each kind appear as it is opened (a file written, a unix and a TCP
+                        socket, a file read): prints the bitmasks in order
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
@@ -98,6 +100,36 @@ def regular_file_offsets():
     print("ok")
 
 
+def descriptor_kinds():
+    import tempfile
+
+    def kinds():
+        a, b = _native.descriptor_kinds(), _native_fallback.descriptor_kinds()
+        assert a == b, (a, b)
+        return a
+
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a character device: no kind (stdout and stderr are the test's pipes)
+    os.close(devnull)
+    seen = [kinds()]
+    written = tempfile.TemporaryFile()  # a regular file open for reading and writing
+    seen.append(kinds())
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    seen.append(kinds())
+    tcp = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)  # not connected: still TCP
+    seen.append(kinds())
+    path = os.open(sys.executable, os.O_RDONLY | os.O_PATH)  # O_PATH: no file to read
+    seen.append(kinds())
+    read = open(sys.executable, "rb")
+    seen.append(kinds())
+    for f in (written, unix, udp, tcp, read):
+        f.close()
+    os.close(path)
+    seen.append(kinds())
+    print(" ".join(map(str, seen)))
+
+
 def fork_generation():
     assert _native.fork_generation() == _native_fallback.fork_generation() == 0
     r, w = os.pipe()
@@ -135,6 +167,7 @@ def libc_fork():
 
 CHECKS = {
     f.__name__: f
-    for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, fork_generation, libc_fork)
+    for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, descriptor_kinds, fork_generation,
+              libc_fork)
 }
 CHECKS[sys.argv[1]]()
