@@ -12,7 +12,8 @@
  *   signal_thread(): signal-safe native backtraces of a stuck worker's threads,
  *   for the stall watchdog (backtrace.c), on a signal nobody else holds:
  *   signal_handler_address() tells whether one is free (a handler installed
- *   in C, e.g. by faulthandler, is invisible to signal.getsignal).
+ *   in C, e.g. by faulthandler, is invisible to signal.getsignal); free_signals()
+ *   finds such signals in one call.
  * - parse_maps(): /proc/self/maps as lists of bounds and paths (thread attribution, where
  *   the kernel cannot say which mapping holds a stack: PROCMAP_QUERY).
  * - code_segments(): the loaded objects' executable segments (thread attribution).
@@ -318,6 +319,30 @@ static PyObject *signal_handler_address(PyObject *Py_UNUSED(self), PyObject *arg
     return PyLong_FromVoidPtr((void *)current.sa_handler);
 }
 
+/* Up to `count` real-time signals whose disposition is SIG_DFL, from SIGRTMAX down (users and
+ * libraries mostly take theirs from SIGRTMIN up). sigaction sees every handler: one installed in
+ * C (faulthandler's) and Python's own trampoline for a Python-level handler. One call in a fresh
+ * worker instead of two per signal from Python (each a page or two copied from the parent). */
+static PyObject *free_signals(PyObject *Py_UNUSED(self), PyObject *arg) {
+    long count = PyLong_AsLong(arg);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    PyObject *found = PyList_New(0);
+    if (found == NULL) return NULL;
+    for (int signum = SIGRTMAX; signum >= SIGRTMIN && PyList_GET_SIZE(found) < count; signum--) {
+        struct sigaction current;
+        if (sigaction(signum, NULL, &current) != 0) continue;
+        if (current.sa_flags & SA_SIGINFO || current.sa_handler != SIG_DFL) continue;
+        PyObject *number = PyLong_FromLong(signum);
+        if (number == NULL || PyList_Append(found, number) < 0) {
+            Py_XDECREF(number);
+            Py_DECREF(found);
+            return NULL;
+        }
+        Py_DECREF(number);
+    }
+    return found;
+}
+
 /* ---- loaded objects ---- */
 
 typedef struct {
@@ -581,6 +606,9 @@ static PyMethodDef methods[] = {
     {"regular_file_offsets", regular_file_offsets, METH_NOARGS,
      "regular_file_offsets($module, /)\n--\n\n"
      "(fd, st_dev, st_ino, offset) of every descriptor open on a seekable regular file, in listing order."},
+    {"free_signals", free_signals, METH_O,
+     "free_signals($module, count, /)\n--\n\n"
+     "Up to `count` real-time signals whose disposition is SIG_DFL, from SIGRTMAX down."},
     {"descriptor_kinds", descriptor_kinds, METH_NOARGS,
      "descriptor_kinds($module, /)\n--\n\n"
      "What kinds of descriptor this process holds, a bitmask: 1 a regular file open read-only, "

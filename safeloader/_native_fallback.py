@@ -242,6 +242,24 @@ def release_backtrace_handler(signum: int) -> bool:
     return False
 
 
+def free_signals(count: int) -> list[int]:
+    """Up to ``count`` real-time signals nobody holds, from ``SIGRTMAX`` down: ``SIG_DFL`` for
+    Python's signal module and for the kernel (its masks see handlers installed in C too)."""
+    import _signal
+    import signal
+
+    found: list[int] = []
+    for signum in range(signal.SIGRTMAX, signal.SIGRTMIN - 1, -1):
+        if len(found) == count:
+            break
+        try:
+            if _signal.getsignal(signum) == _signal.SIG_DFL and signal_handler_address(signum) == 0:
+                found.append(signum)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def signal_handler_address(signum: int) -> int:
     """0 for ``SIG_DFL``, 1 for ``SIG_IGN``, 2 for any handler (the kernel's caught and
     ignored masks in /proc/self/status: they see handlers installed in C too)."""

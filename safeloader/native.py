@@ -32,6 +32,7 @@ __all__ = [
     "descriptor_table",
     "foreign_thread_ids",
     "fork_generation",
+    "free_signals",
     "install_backtrace_handler",
     "loaded_counters",
     "loaded_objects",
@@ -153,6 +154,12 @@ def warm_backtrace() -> None:
     from . import _loader_lock
 
     _loader_lock.section(_impl.warm_backtrace)
+
+
+def free_signals(count: int) -> list[int]:
+    """Up to ``count`` real-time signals nobody holds in this process now (disposition ``SIG_DFL``,
+    as ``sigaction`` sees it: handlers installed in C too), from ``SIGRTMAX`` down."""
+    return list(_impl.free_signals(count))
 
 
 def signal_handler_address(signum: int) -> int:

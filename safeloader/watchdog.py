@@ -136,24 +136,24 @@ class Watch:
         if _worker_beat is not None and _worker_beat.watch is self:
             return
         base = worker_id * FIELDS
-        python_file, native_fd, ready = None, -1, 0
+        python_fd, native_fd, ready = -1, -1, 0
         python_signal = native_signal = python_handler = 0
         try:
-            if _few_spare_descriptors():
+            if not _ample_descriptor_limit and _few_spare_descriptors():
                 raise OSError(errno.EMFILE, "fewer than 64 spare file descriptors: no stack dumps")
             # Two real-time signals nobody holds in this worker now: a handler the user
             # installed (inherited, or by faulthandler) keeps its signal.
             signals = free_signals(2)
             if signals:
                 python_signal = signals[0]
-                # Raw, open for the worker's life: faulthandler needs only its descriptor (a text
-                # file would cost each worker an encoder and buffers, 0.2 ms of page copies).
-                python_file = open(os.memfd_create("safeloader-python-stacks"), "wb", buffering=0)
+                # Open for the worker's life; faulthandler takes the bare descriptor (a file object
+                # would cost each worker the io stack's objects: pages copied from the parent).
+                python_fd = os.memfd_create("safeloader-python-stacks")
                 # faulthandler names threads by ident; the parent needs to know which is main.
-                python_file.write(b"main-thread %#x\n" % (threading.main_thread().ident or 0))
-                faulthandler.register(python_signal, file=python_file, all_threads=True, chain=False)
+                os.write(python_fd, b"main-thread %#x\n" % (threading.main_thread().ident or 0))
+                faulthandler.register(python_signal, file=python_fd, all_threads=True, chain=False)
                 python_handler = native.signal_handler_address(python_signal)
-                self.slots[base + PYTHON_FD] = float(python_file.fileno())
+                self.slots[base + PYTHON_FD] = float(python_fd)
                 self.slots[base + PYTHON_SIGNAL] = float(python_signal)
                 ready = PYTHON_READY
             if len(signals) == 2 and native.NATIVE:
@@ -168,10 +168,11 @@ class Watch:
             # a stall is still reported, without stacks. The worker's own data
             # path needs the descriptors more than diagnostics do.
             pass
-        _worker_beat = _Beat(self, base, python_file, native_fd)
+        _worker_beat = _Beat(self, base, python_fd, native_fd)
         native_handler = native.signal_handler_address(native_signal) if native_signal else 0
         _worker_beat.signals = (python_signal, python_handler, native_signal, native_handler)
-        _instrument_fetchers()
+        if not _fetchers_instrumented:  # a forked worker inherits the parent's (start_watch)
+            _instrument_fetchers()
         self.slots[base + READY] = float(ready)
 
     def watch_result_queue(self, worker_id: int, queue: Any) -> None:
@@ -420,11 +421,11 @@ def _few_spare_descriptors() -> bool:
 class _Beat:
     """Heartbeat writer of this worker process."""
 
-    def __init__(self, watch: Watch, base: int, python_file: Any, native_fd: int) -> None:
+    def __init__(self, watch: Watch, base: int, python_fd: int, native_fd: int) -> None:
         self.watch = watch
         self.slots = watch.slots
         self.base = base
-        self.python_file = python_file  # kept open: faulthandler writes to it
+        self.python_fd = python_fd  # open for the worker's life: faulthandler writes to it (-1: none)
         self.native_fd = native_fd
         # (python signal, its handler's address, native signal, its handler's address); 0: none.
         self.signals: tuple[int, int, int, int] = (0, 0, 0, 0)

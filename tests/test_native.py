@@ -191,6 +191,7 @@ NATIVE_FUNCTIONS = (
     "regular_file_offsets",
     "reserve_descriptor_slots",
     "signal_handler_address",
+    "free_signals",
     "loaded_objects",
     "parse_maps",
     "code_segments",
@@ -234,6 +235,14 @@ def test_loaded_objects_and_signal_dispositions_agree_with_the_fallback():
         faulthandler.register(free)
         assert signal.getsignal(free) == signal.SIG_IGN, "Python's view stays stale"
         assert _native.signal_handler_address(free) > 2 and _native_fallback.signal_handler_address(free) == 2
+        # free_signals: from SIGRTMAX down, skipping a Python handler, one installed in C, one ignored.
+        top = signal.SIGRTMAX
+        assert _native.free_signals(3) == _native_fallback.free_signals(3) == [top, top - 1, top - 2]
+        signal.signal(top, lambda *_: None)
+        faulthandler.register(top - 1)
+        signal.signal(top - 2, signal.SIG_IGN)
+        assert _native.free_signals(2) == _native_fallback.free_signals(2) == [top - 3, top - 4]
+        assert _native.free_signals(0) == _native_fallback.free_signals(0) == []
         """,
         timeout=30,
     )

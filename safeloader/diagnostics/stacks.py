@@ -13,10 +13,8 @@ is never taken. The target tells the sender which ones it chose.
 
 from __future__ import annotations
 
-import _signal  # signal.getsignal converts each answer to an enum: 1-2 us a call, per worker
 import os
 import re
-import signal
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,26 +22,11 @@ from dataclasses import dataclass, field
 from .. import native
 
 
-def signal_is_free(signum: int) -> bool:
-    """Whether nobody holds ``signum`` in this process: its disposition is ``SIG_DFL`` both
-    for Python's signal module and for the kernel (``sigaction``, which also sees a handler
-    installed in C, such as faulthandler's)."""
-    try:
-        return _signal.getsignal(signum) == _signal.SIG_DFL and native.signal_handler_address(signum) == 0
-    except (OSError, ValueError):
-        return False
-
-
 def free_signals(count: int) -> list[int]:
     """Up to ``count`` real-time signals nobody holds in this process now, from ``SIGRTMAX`` down
-    (users and libraries mostly take theirs from ``SIGRTMIN`` up)."""
-    found: list[int] = []
-    for signum in range(signal.SIGRTMAX, signal.SIGRTMIN - 1, -1):
-        if len(found) == count:
-            break
-        if signal_is_free(signum):
-            found.append(signum)
-    return found
+    (users and libraries mostly take theirs from ``SIGRTMIN`` up): a handler installed in Python
+    or in C (faulthandler's) keeps its signal."""
+    return native.free_signals(count)
 
 
 NATIVE_THREAD_WAIT = 0.5
