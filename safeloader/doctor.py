@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -411,15 +412,25 @@ def summary(hazards: list[dict[str, Any]]) -> str:
     return "Nothing to do: nothing live in this process is unsafe at fork."
 
 
+_UNKNOWN_RETRIES = 2
+_UNKNOWN_PAUSE = 0.05
+
+
 def collect(imports: Iterable[str] = ()) -> dict[str, Any]:
     """The doctor's findings as plain data (what ``--json`` prints). Imports ``imports`` first."""
     for name in imports:
         importlib.import_module(name)
     import torch.utils.data  # noqa: F401  (hooks that require torch are listed as a loader sees them)
 
-    state = forkstate.snapshot(pools=True)
+    # A thread a pool has just started may not have reached its library's code yet (none of it on
+    # its stack, not waiting in it): looked at again, twice, 50 ms apart, before it is called unknown.
+    for attempt in range(_UNKNOWN_RETRIES + 1):
+        state = forkstate.snapshot(pools=True)
+        hazards = _hazards(state)
+        if attempt == _UNKNOWN_RETRIES or not any(h["status"] == "unknown" for h in hazards):
+            break
+        time.sleep(_UNKNOWN_PAUSE)
     options = get_options()
-    hazards = _hazards(state)
     return {
         "versions": _versions(),
         "start_method": _start_method(),

@@ -120,6 +120,11 @@ def test_code_segments_are_the_executable_mappings_of_the_loaded_objects_and_agr
     mapped = {name: [] for name in names}
     for start, end, name in zip(starts, ends, names):
         mapped[name].append((start, end))
+    # An extension copy loaded from a memfd (zarrs' or polars' spare copy, loaded by an earlier test
+    # in this process) is named by the path it was opened by, /proc/<pid>/fd/<n>, and its maps
+    # by the memfd's name, "/memfd:... (deleted)": neither is a file, so neither is compared.
+    segments = [segment for segment in segments if not segment[2].startswith("/proc/")]
+    names = [name for name in names if not name.startswith("/memfd:")]
     found = 0
     for start, end, name in segments:
         if not name.startswith("/"):  # the main program (""), the vDSO: no file of that name

@@ -50,9 +50,10 @@ class Backend:
     its plan, running nothing of this backend in the parent between forks. Not with ``after_in_parent``."""
 
     NOTHING_TO_DO: ClassVar[Any] = _registration.NOTHING_TO_DO
-    """A plan for ``before`` to return when the worker has nothing for this backend to do: its
-    ``after_in_child`` is then not called there (``after_in_parent`` gets None). Each hook a worker
-    runs costs it pages copied from the parent, even one that returns at once."""
+    """A plan for ``before`` to return when the worker has nothing for this backend to do and
+    ``before`` changed nothing in the parent: ``after_in_child`` is then not called in that worker
+    (``after_in_parent`` gets None). Each hook a worker runs costs it pages copied from the
+    parent, even one that returns at once."""
 
     def before(self) -> Any:
         """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
