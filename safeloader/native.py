@@ -159,7 +159,8 @@ def warm_backtrace() -> None:
 def free_signals(count: int) -> list[int]:
     """Up to ``count`` real-time signals nobody holds in this process now (disposition ``SIG_DFL``,
     as ``sigaction`` sees it: handlers installed in C too), from ``SIGRTMAX`` down."""
-    return list(_impl.free_signals(count))
+    found: list[int] = _impl.free_signals(count)
+    return found
 
 
 def signal_handler_address(signum: int) -> int:
