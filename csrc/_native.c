@@ -119,13 +119,13 @@ static PyObject *thread_ids(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unuse
     return result;
 }
 
-/* threads_within(known) -> bool: whether every thread of this process now is in `known`, a sorted
- * tuple of thread ids (thread_ids() of an earlier call; threads that ended since do not count).
- * For the parent between a loader start's worker forks, where every object allocated or freed
- * writes a page the workers forked so far share (a copy-on-write fault each): nothing is allocated
- * here, Python's or malloc's (getdents64 into a buffer on the stack, not opendir), and `known` is
- * only read. */
-struct tid_dirent64 {
+/* The numbered entries of a /proc directory (/proc/self/task, /proc/self/fd), each given to
+ * `visit(number, own, data)` (`own`: the listing's own descriptor) until it returns 0 (stop) or -1
+ * (a Python error set). For the parent between a loader start's worker forks, where every object
+ * allocated or freed writes a page the workers forked so far share (a copy-on-write fault each):
+ * nothing is allocated here, Python's or malloc's (getdents64 into a buffer on the stack, not
+ * opendir). Returns 0, or -1 with a Python error set. */
+struct proc_dirent64 {
     unsigned long long d_ino;
     long long d_off;
     unsigned short d_reclen;
@@ -133,16 +133,54 @@ struct tid_dirent64 {
     char d_name[];
 };
 
-static int tid_known(PyObject *known, long tid) {
-    Py_ssize_t low = 0, high = PyTuple_GET_SIZE(known);
+static int each_proc_entry(const char *path, int (*visit)(long, int, void *), void *data) {
+    int own = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (own < 0) { PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); return -1; }
+    _Alignas(8) char buffer[4096];
+    for (;;) {
+        long count = syscall(SYS_getdents64, own, buffer, sizeof buffer);
+        if (count < 0) {
+            int error = errno;
+            close(own);
+            errno = error;
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+            return -1;
+        }
+        if (count == 0) break;
+        for (long position = 0; position < count;) {
+            struct proc_dirent64 *entry = (struct proc_dirent64 *)(buffer + position);
+            position += entry->d_reclen;
+            char *end;
+            long number = strtol(entry->d_name, &end, 10);
+            if (entry->d_name[0] == '\0' || *end != '\0') continue;  /* "." and ".." */
+            int more = visit(number, own, data);
+            if (more <= 0) { close(own); return more; }
+        }
+    }
+    close(own);
+    return 0;
+}
+
+/* threads_within(known) -> bool: whether every thread of this process now is in `known`, a sorted
+ * tuple of thread ids (thread_ids() of an earlier call; threads that ended since do not count).
+ * Allocates nothing (each_proc_entry), and `known` is only read. */
+struct within {
+    PyObject *known;
+    int within;
+};
+
+static int tid_known(long tid, int Py_UNUSED(own), void *data) {
+    struct within *check = data;
+    Py_ssize_t low = 0, high = PyTuple_GET_SIZE(check->known);
     while (low < high) {
         Py_ssize_t middle = low + (high - low) / 2;
-        long value = PyLong_AsLong(PyTuple_GET_ITEM(known, middle));
+        long value = PyLong_AsLong(PyTuple_GET_ITEM(check->known, middle));
         if (value == -1 && PyErr_Occurred()) return -1;
         if (value == tid) return 1;
         if (value < tid) low = middle + 1;
         else high = middle;
     }
+    check->within = 0;
     return 0;
 }
 
@@ -151,32 +189,9 @@ static PyObject *threads_within(PyObject *Py_UNUSED(self), PyObject *known) {
         PyErr_Format(PyExc_TypeError, "threads_within: known must be a tuple, got %.100s", Py_TYPE(known)->tp_name);
         return NULL;
     }
-    int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/task");
-    _Alignas(8) char buffer[4096];
-    int within = 1;
-    while (within) {
-        long count = syscall(SYS_getdents64, fd, buffer, sizeof buffer);
-        if (count < 0) {
-            int error = errno;
-            close(fd);
-            errno = error;
-            return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/task");
-        }
-        if (count == 0) break;
-        for (long position = 0; position < count && within;) {
-            struct tid_dirent64 *entry = (struct tid_dirent64 *)(buffer + position);
-            position += entry->d_reclen;
-            char *end;
-            long tid = strtol(entry->d_name, &end, TID_BASE);
-            if (entry->d_name[0] == '\0' || *end != '\0') continue;  /* "." and ".." */
-            int found = tid_known(known, tid);
-            if (found < 0) { close(fd); return NULL; }
-            within = found;
-        }
-    }
-    close(fd);
-    return PyBool_FromLong(within);
+    struct within check = {known, 1};
+    if (each_proc_entry("/proc/self/task", tid_known, &check) < 0) return NULL;
+    return PyBool_FromLong(check.within);
 }
 
 /* Every open descriptor as (fd, st_mode, st_dev, st_ino), for the fork hooks that must
@@ -233,44 +248,29 @@ static PyObject *list_descriptors(int offsets) {
  * 2, a regular file (any access mode); 4, an IPv4/IPv6 stream socket (TCP, connected or not).
  * The parent asks before each worker fork whether the fork hooks that privatize files and sever
  * connections have anything to do there; when they do not, their worker runs none of their code.
- * Allocates nothing (getdents64 into a buffer on the stack), for the reason threads_within does. */
-static PyObject *descriptor_kinds(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    int own = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (own < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
-    _Alignas(8) char buffer[4096];
-    long kinds = 0;
-    for (;;) {
-        long count = syscall(SYS_getdents64, own, buffer, sizeof buffer);
-        if (count < 0) {
-            int error = errno;
-            close(own);
-            errno = error;
-            return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "/proc/self/fd");
-        }
-        if (count == 0) break;
-        for (long position = 0; position < count;) {
-            struct tid_dirent64 *entry = (struct tid_dirent64 *)(buffer + position);
-            position += entry->d_reclen;
-            char *end;
-            long fd = strtol(entry->d_name, &end, 10);
-            if (entry->d_name[0] == '\0' || *end != '\0' || fd == own) continue;  /* ".", "..", the listing's own */
-            struct stat st;
-            if (fstat((int)fd, &st) != 0) continue;  /* closed meanwhile */
-            if (S_ISREG(st.st_mode)) {
-                kinds |= 2;
-                int flags = fcntl((int)fd, F_GETFL);
-                if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) kinds |= 1;
-            } else if (S_ISSOCK(st.st_mode)) {
-                int domain = 0, type = 0;
-                socklen_t size = sizeof domain;
-                if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) continue;
-                size = sizeof type;
-                if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) continue;
-                if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) kinds |= 4;
-            }
-        }
+ * Allocates nothing (each_proc_entry). */
+static int add_kind(long fd, int own, void *data) {
+    long *kinds = data;
+    struct stat st;
+    if (fd == own || fstat((int)fd, &st) != 0) return 1;  /* the listing's own, or closed meanwhile */
+    if (S_ISREG(st.st_mode)) {
+        *kinds |= 2;
+        int flags = fcntl((int)fd, F_GETFL);
+        if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) *kinds |= 1;
+    } else if (S_ISSOCK(st.st_mode)) {
+        int domain = 0, type = 0;
+        socklen_t size = sizeof domain;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 1;
+        size = sizeof type;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 1;
+        if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) *kinds |= 4;
     }
-    close(own);
+    return 1;
+}
+
+static PyObject *descriptor_kinds(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+    long kinds = 0;
+    if (each_proc_entry("/proc/self/fd", add_kind, &kinds) < 0) return NULL;
     return PyLong_FromLong(kinds);
 }
 
