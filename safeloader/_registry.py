@@ -115,7 +115,10 @@ def fork_context() -> ForkContext | None:
 def plan_of(name: str) -> Any:
     """In a fork's hooks on the forking thread (parent), or in the worker's: the plan that the
     backend ``name``'s ``before`` returned for this fork; None if it has none (did not run)."""
-    return getattr(_local, "plans", _NO_PLANS).get(name)
+    plans = getattr(_local, "plans", _NO_PLANS)
+    if name in plans:
+        return plans[name]
+    return getattr(_local, "start_plans", _NO_PLANS).get(name)  # a per_start plan made at an earlier fork
 
 
 def set_plan(name: str, plan: Any) -> None:
@@ -217,6 +220,7 @@ def _run_phase(
     plans: dict[str, Any],
     planned_for_start: bool = False,
     hooks: tuple[Hook, ...] | None = None,
+    start_plans: dict[str, Any] = _NO_PLANS,
 ) -> list[HookError]:
     """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
     (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
@@ -224,7 +228,8 @@ def _run_phase(
     runs again (it rolls back its ``before``: it must complete). A backend's ``before`` returns
     its plan into ``plans``; its ``after_*`` receive it from there. ``planned_for_start``: the
     ``per_start`` hooks' plans are in ``plans`` already, and their ``before`` is not run.
-    ``hooks``: exactly the hooks to run (``Arming.start_runs``), already known to run for this fork."""
+    ``hooks``: exactly the hooks to run (``Arming.start_runs``), already known to run for this fork.
+    ``start_plans``: the start's ``per_start`` plans where this fork did not make them (its worker)."""
     errors = []
     for hook in _registration.by_phase(phase) if hooks is None else hooks:
         callback = getattr(hook, phase)
@@ -232,7 +237,7 @@ def _run_phase(
             continue
         if hooks is None and not hook._runs_for(context):
             continue
-        plan = plans.get(hook.name) if hook.planned and phase != "before" else None
+        plan = plans.get(hook.name, start_plans.get(hook.name)) if hook.planned and phase != "before" else None
         if plan is NOTHING_TO_DO:
             if phase == "after_in_child":
                 continue  # its before found nothing for this worker to do
@@ -381,7 +386,10 @@ def _on_before() -> None:
         start = arming if arming is not None and context is not None and context._carrier else None
         start_plans = start.start_plans if start is not None else None
         planned_for_start = start_plans is not None and forkstate.unchanged_since_record()
-        plans = _local.plans = dict(start_plans) if start_plans is not None and planned_for_start else {}
+        plans = _local.plans = {}
+        # Not copied into this fork's plans: a copy writes a reference count on each plan object (pages
+        # the workers forked so far share), and again when it is freed after the fork.
+        _local.start_plans = start_plans if start_plans is not None and planned_for_start else _NO_PLANS
         if context is not None:
             # Before the hooks, so that none holds anything while this waits (the pin-memory
             # gate, the frozen gc, the watchdog's clock for this worker)...
@@ -457,7 +465,7 @@ def _close_fork(arming: Arming | None) -> None:
                 interrupts.append(errors[0])  # raised below, for os.register_at_fork to print
     finally:
         _local.pending = _NO_FORK
-        _local.plans = _NO_PLANS
+        _local.plans = _local.start_plans = _NO_PLANS
         _local.after_hooks = _local.child_hooks = None
         _local.parent_failed = False
         if getattr(_local, "fork_entered", False):
@@ -484,7 +492,8 @@ def _on_after_in_child() -> None:
         reset()
     context = getattr(_local, "pending", None)
     context = None if context is _NO_FORK else context
-    plans = getattr(_local, "plans", _NO_PLANS)  # kept while the worker's hooks run (plan_of)
+    plans = getattr(_local, "plans", _NO_PLANS)  # both kept while the worker's hooks run (plan_of)
+    start_plans = getattr(_local, "start_plans", _NO_PLANS)
     hooks = getattr(_local, "child_hooks", None)
     _local.child_hooks = None
     _local.pending = _NO_FORK
@@ -496,15 +505,17 @@ def _on_after_in_child() -> None:
     if context is not None:
         _import_locks.forget_imports_of_other_threads()  # before anything here imports
     if _parent_failed_fork:
-        _local.plans = _NO_PLANS
+        _local.plans = _local.start_plans = _NO_PLANS
         return  # the parent raises and shuts this worker down; run nothing here
     if context is not None:
         _fd_table.grow_in_worker()  # before the worker's hooks and torch start any thread
     interrupts: list[BaseException] = []
     try:
-        errors: list[BaseException] = list(_run_phase("after_in_child", context, interrupts, plans, hooks=hooks))
+        errors: list[BaseException] = list(
+            _run_phase("after_in_child", context, interrupts, plans, hooks=hooks, start_plans=start_plans)
+        )
     finally:
-        _local.plans = _NO_PLANS
+        _local.plans = _local.start_plans = _NO_PLANS
     if not errors and not interrupts:
         return
     if context is not None and context._carrier:
