@@ -19,7 +19,6 @@ from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
-from .diagnostics.stacks import free_signals
 
 __all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError"]
 
@@ -143,7 +142,7 @@ class Watch:
                 raise OSError(errno.EMFILE, "fewer than 64 spare file descriptors: no stack dumps")
             # Two real-time signals nobody holds in this worker now: a handler the user
             # installed (inherited, or by faulthandler) keeps its signal.
-            signals = free_signals(2)
+            signals = native.free_signals(2)
             if signals:
                 python_signal = signals[0]
                 # Open for the worker's life; faulthandler takes the bare descriptor (a file object

@@ -6,7 +6,7 @@ installed on another and asked of one thread at a time. Both write text to a
 descriptor; this module sends the signals, waits for the text and parses it.
 
 The signals are chosen by the process that installs the handlers, when it
-installs them (``free_signals``): real-time signals nobody holds there, so a
+installs them (``native.free_signals``): real-time signals nobody holds there, so a
 handler of the user's, of faulthandler, pytest-timeout or a cluster's tooling
 is never taken. The target tells the sender which ones it chose.
 """
@@ -20,14 +20,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .. import native
-
-
-def free_signals(count: int) -> list[int]:
-    """Up to ``count`` real-time signals nobody holds in this process now, from ``SIGRTMAX`` down
-    (users and libraries mostly take theirs from ``SIGRTMIN`` up): a handler installed in Python
-    or in C (faulthandler's) keeps its signal."""
-    return native.free_signals(count)
-
 
 NATIVE_THREAD_WAIT = 0.5
 """Seconds one thread gets to write its native backtrace."""
@@ -194,7 +186,7 @@ def own_thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
         return {}
     import tempfile
 
-    signals = free_signals(1)
+    signals = native.free_signals(1)
     if not signals:
         return {}
     signum = signals[0]
