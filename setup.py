@@ -35,7 +35,7 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension("safeloader._native", ["csrc/_native.c", "csrc/backtrace.c"], extra_compile_args=["-O2", "-Wall"])
+        Extension("safeloader._native", ["csrc/_native.c", "csrc/backtrace.c", "csrc/fast_fork.c"], extra_compile_args=["-O2", "-Wall"])
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -77,6 +77,7 @@
 #include <string.h>
 
 #include "backtrace.h"
+#include "fast_fork.h"
 
 /* Lock-free atomics are the only shared objects a signal handler may use
  * (C11 7.14.1.1); a lock-based fallback could deadlock inside the handler. */
@@ -90,6 +91,7 @@ static atomic_ulong fork_generation_value = 0;
 
 static void on_fork_child(void) {
     atomic_fetch_add_explicit(&fork_generation_value, 1, memory_order_relaxed);
+    sl_fast_fork_on_child();
 }
 
 static PyObject *fork_generation(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
@@ -184,14 +186,19 @@ static int tid_known(long tid, int Py_UNUSED(own), void *data) {
     return 0;
 }
 
+int sl_threads_within(PyObject *known) {
+    struct within check = {known, 1};
+    if (each_proc_entry("/proc/self/task", tid_known, &check) < 0) return -1;
+    return check.within;
+}
+
 static PyObject *threads_within(PyObject *Py_UNUSED(self), PyObject *known) {
     if (!PyTuple_Check(known)) {
         PyErr_Format(PyExc_TypeError, "threads_within: known must be a tuple, got %.100s", Py_TYPE(known)->tp_name);
         return NULL;
     }
-    struct within check = {known, 1};
-    if (each_proc_entry("/proc/self/task", tid_known, &check) < 0) return NULL;
-    return PyBool_FromLong(check.within);
+    int within = sl_threads_within(known);
+    return within < 0 ? NULL : PyBool_FromLong(within);
 }
 
 /* Every open descriptor as (fd, st_mode, st_dev, st_ino), for the fork hooks that must
@@ -268,10 +275,14 @@ static int add_kind(long fd, int own, void *data) {
     return 1;
 }
 
-static PyObject *descriptor_kinds(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+long sl_descriptor_kinds(void) {
     long kinds = 0;
-    if (each_proc_entry("/proc/self/fd", add_kind, &kinds) < 0) return NULL;
-    return PyLong_FromLong(kinds);
+    return each_proc_entry("/proc/self/fd", add_kind, &kinds) < 0 ? -1 : kinds;
+}
+
+static PyObject *descriptor_kinds(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
+    long kinds = sl_descriptor_kinds();
+    return kinds < 0 ? NULL : PyLong_FromLong(kinds);
 }
 
 /* Make room in this process's descriptor table for `spare` descriptors above the lowest free
@@ -650,6 +661,26 @@ static PyMethodDef methods[] = {
     {"signal_thread", signal_thread, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
+    {"fast_fork_arm", sl_fast_fork_arm, METH_VARARGS,
+     "fast_fork_arm($module, thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target, "
+     "positions, num_workers, launches, clock, /)\n--\n\n"
+     "Arm the fast path for this thread's later worker forks of a loader start (csrc/fast_fork.c); "
+     "False where it cannot be used."},
+    {"fast_fork_disarm", sl_fast_fork_disarm, METH_NOARGS,
+     "fast_fork_disarm($module, /)\n--\n\n"
+     "Forget the fast path armed on this thread; the number of forks that took it."},
+    {"fast_fork_before", sl_fast_fork_before, METH_NOARGS,
+     "fast_fork_before($module, /)\n--\n\n"
+     "In the registry's `before`: whether this fork takes the fast path."},
+    {"fast_fork_after_in_parent", sl_fast_fork_after_in_parent, METH_NOARGS,
+     "fast_fork_after_in_parent($module, /)\n--\n\n"
+     "In the registry's `after_in_parent`: whether the fork now ending took the fast path."},
+    {"fast_fork_in_child", sl_fast_fork_in_child, METH_NOARGS,
+     "fast_fork_in_child($module, /)\n--\n\n"
+     "In a forked child: (worker_id, num_workers) if its fork took the fast path, else None."},
+    {"fast_fork_python_fork", sl_fast_fork_python_fork, METH_O,
+     "fast_fork_python_fork($module, open, /)\n--\n\n"
+     "The registry's Python path opens (True) or closes (False) a fork on this thread."},
     {NULL, NULL, 0, NULL},
 };
 

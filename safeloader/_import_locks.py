@@ -17,13 +17,13 @@ IMPORT_WAIT_SECONDS = 5.0
 # Import locks a fork already waited IMPORT_WAIT_SECONDS for: later forks do not wait
 # for them again (a thread stuck in an import must not cost every worker 5 s).
 _outlasted_imports: weakref.WeakSet[Any] = weakref.WeakSet()
-_MODULE_LOCKS: dict[str, Any] = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
+MODULE_LOCKS: dict[str, Any] = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
 
 
 def _held_by_other_threads(me: int) -> dict[str, Any]:
     """Module name -> its import lock, for each lock a thread other than ``me`` holds."""
     held = {}
-    for name, ref in list(_MODULE_LOCKS.items()):
+    for name, ref in list(MODULE_LOCKS.items()):
         lock = ref() if callable(ref) else None
         owner = getattr(lock, "owner", None)
         if owner is not None and owner != me:
@@ -37,7 +37,7 @@ def wait_for_imports_in_other_threads() -> None:
     Waits at most ``IMPORT_WAIT_SECONDS`` per import, then forks with a warning
     naming the module (the worker imports it again itself if it needs it).
     """
-    if not _MODULE_LOCKS:  # no import running anywhere (or nothing known to wait for)
+    if not MODULE_LOCKS:  # no import running anywhere (or nothing known to wait for)
         return
     me = threading.get_ident()
     deadline = None
@@ -73,10 +73,10 @@ def forget_imports_of_other_threads() -> None:
     importlib does after a failed import. Locks the forking thread itself
     holds (a loader started during an import) stay.
     """
-    if not _MODULE_LOCKS:
+    if not MODULE_LOCKS:
         return
     for name in _held_by_other_threads(threading.get_ident()):
-        _MODULE_LOCKS.pop(name, None)
+        MODULE_LOCKS.pop(name, None)
         module = sys.modules.get(name)
         if getattr(getattr(module, "__spec__", None), "_initializing", False):
             del sys.modules[name]

@@ -322,3 +322,34 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
 
     iterate[bool(release_gil)](callback_type(visit), None)
     return (counters[0] if counters else None), (tuple(names) if full else None)
+
+
+# The C path of a start's later worker forks (csrc/fast_fork.c) needs the C extension: here it is
+# never armed, and every fork takes the registry's Python path.
+
+
+def fast_fork_arm(
+    thread_ids: object, counters: object, modules_state: object, globals: object, empty: object, kinds_mask: object,
+    launch_code: object, target: object, positions: object, num_workers: object, launches: object, clock: object,
+) -> bool:
+    return False
+
+
+def fast_fork_disarm() -> int:
+    return 0
+
+
+def fast_fork_before() -> bool:
+    return False
+
+
+def fast_fork_after_in_parent() -> bool:
+    return False
+
+
+def fast_fork_in_child() -> tuple[int, int] | None:
+    return None
+
+
+def fast_fork_python_fork(open: bool) -> None:
+    return None

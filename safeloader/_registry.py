@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from . import _fd_table, _import_locks, _loader_lock, _registration, _torch_internals, forkstate
+from . import _fast_fork, _fd_table, _import_locks, _loader_lock, _registration, _torch_internals, forkstate, native
 from ._options import Options, get_options
 from ._registration import (  # the public registration API, also reachable here
     NOTHING_TO_DO,
@@ -79,6 +79,8 @@ class Arming:
     run at this start's forks), found at its first: its other forks reuse them with its plans, and
     every worker runs the third, instead of asking every registered hook again whether it runs
     (fewer objects touched, fewer pages copied: in a worker each is a page copied from the parent)."""
+    holds: dict[str, Callable[[], object]] = field(default_factory=dict)
+    """Hook name -> what ends what it holds for the whole start (``hold_for_start``), run by ``disarm``."""
 
 
 _installed = False
@@ -89,8 +91,9 @@ _child_resets: list[Callback] = []  # reset_in_child
 
 __all__ = [
     "NOTHING_TO_DO", "PHASES", "Arming", "Callback", "ForkContext", "Hook", "arm", "armed", "check_hook_names",
-    "disable", "disarm", "enable", "fork_context", "fork_memo", "get_hook", "hook_runs", "hooks", "installed",
-    "is_interrupt", "plan_of", "register_at_fork", "reset_in_child", "set_installed", "set_plan", "unregister",
+    "disable", "disarm", "enable", "fork_context", "fork_memo", "get_hook", "held_for_start", "hold_for_start",
+    "hook_runs", "hooks", "installed", "is_interrupt", "plan_of", "register_at_fork", "reset_in_child",
+    "set_installed", "set_plan", "unregister",
 ]
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
@@ -143,6 +146,27 @@ def fork_memo(key: str, make: Callable[[], T]) -> T:
     return cast(T, plans[key])
 
 
+def hold_for_start(name: str, release: Callable[[], object]) -> bool:
+    """In the hook ``name``'s ``before`` at a worker fork of a start safeloader armed: keep what the
+    hook holds (the pin-memory gate closed, gc paused) until the start's last fork, instead of
+    undoing it after each fork: ``release`` runs once when the start ends (``disarm``, on the
+    starting thread). Register it before taking what it releases (an interrupt between the two
+    must find it registered, so ``release`` must be harmless where nothing was taken). False at
+    any other fork: the hook undoes it after the fork, as usual."""
+    context = fork_context()
+    arming = armed()
+    if context is None or not context._carrier or arming is None:
+        return False
+    arming.holds.setdefault(name, release)
+    return True
+
+
+def held_for_start(name: str) -> bool:
+    """Whether the hook ``name`` holds something for the start under way on this thread (``hold_for_start``)."""
+    arming = getattr(_local, "arming", None)
+    return arming is not None and name in arming.holds
+
+
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
     """Arm the worker forks this thread makes, until ``disarm``, as ``loader``'s, run with ``options``.
 
@@ -167,6 +191,12 @@ def disarm(arming: Arming) -> None:
     """
     if _fork_left_open():
         _close_fork(arming)
+    if getattr(_local, "arming", None) is arming:
+        arming.recognised += native.fast_fork_disarm()  # the forks recognised by the C path
+        _local.fast_start = None
+    for name, release in list(arming.holds.items()):
+        release()
+        arming.holds.pop(name, None)  # after: cut short between the two, it runs again (harmlessly)
     while arming.logging_unreleased:
         logging_lock = getattr(sys.modules.get("logging"), "_lock", None)
         if logging_lock is not None and logging_lock._is_owned():
@@ -372,7 +402,10 @@ def _report_unarmed(errors: Sequence[BaseException]) -> None:
 
 
 def _on_before() -> None:
+    if _fast_before():
+        return  # a later fork of a start, recognised and checked in C: nothing else to do (_fast_fork)
     arming = armed()
+    _python_fork(True)
     try:
         if _fork_left_open():
             _close_fork(arming)  # the last fork's after_in_parent was cut short on its first instruction
@@ -414,6 +447,8 @@ def _on_before() -> None:
                 tuple(h for h in _registration.by_phase("after_in_child") if h._runs_for(context)),
             )
             _local.child_hooks = start.start_runs[3]
+            if context is not None:  # (always: `start` is this fork's loader's)
+                _fast_fork.arm(start, context, start.start_runs)
         if context is not None:
             _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
@@ -431,6 +466,8 @@ def _on_before() -> None:
 
 
 def _on_after_in_parent() -> None:
+    if _fast_after_in_parent():
+        return
     arming = armed()
     try:
         _close_fork(arming)
@@ -471,6 +508,7 @@ def _close_fork(arming: Arming | None) -> None:
         if getattr(_local, "fork_entered", False):
             _loader_lock.leave_fork()  # then unmarked: cut short between the two, a second leave is harmless
             _local.fork_entered = False
+        _python_fork(False)
     if interrupts:
         if arming is not None and is_interrupt(interrupts[0]):
             _defer(arming, interrupts[0])
@@ -487,6 +525,13 @@ def reset_in_child(callback: Callback) -> None:
 
 def _on_after_in_child() -> None:
     global _worker_context, _parent_failed_fork
+    fast = _fast_in_child()
+    if fast is not None:  # its parent's `before` took the C path: the rest is the start's
+        options, loader, watch, fast_plans, start_plans, child_hooks = _local.fast_start
+        _local.pending = ForkContext(fast[0], fast[1], options, loader, watch, _carrier=True)
+        _local.plans, _local.start_plans, _local.child_hooks = fast_plans, start_plans, child_hooks
+        _local.parent_failed = False
+    _local.fast_start = None
     _loader_lock.reset_in_child()
     for reset in _child_resets:
         reset()
@@ -543,4 +588,9 @@ def raise_child_failure() -> None:
         raise _child_failures[0]
 
 
+# Called bare at every fork: module globals bound to the C functions, not native.<name> lookups.
+_fast_before = native.fast_fork_before
+_fast_after_in_parent = native.fast_fork_after_in_parent
+_fast_in_child = native.fast_fork_in_child
+_python_fork = native.fast_fork_python_fork
 os.register_at_fork(before=_on_before, after_in_parent=_on_after_in_parent, after_in_child=_on_after_in_child)

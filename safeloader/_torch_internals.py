@@ -93,7 +93,7 @@ def check() -> None:
     for name in WORKER_LOOP_NAMES:  # read its parameters now, not during the first fork
         loop = getattr(worker, name, None)
         if loop is not None:
-            _worker_argument_positions(loop)
+            worker_argument_positions(loop)
     lines = missing()
     if lines:
         import torch
@@ -287,7 +287,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 
 @functools.cache
-def _worker_argument_positions(target: Callable[..., Any]) -> tuple[int, int, int, int] | None:
+def worker_argument_positions(target: Callable[..., Any]) -> tuple[int, int, int, int] | None:
     """(index of worker_id, index of num_workers, fewest and most arguments) of a worker
     loop whose parameters are all positional, so that a call passing positional arguments
     only is read by index: ``Signature.bind`` costs every fork about 0.1 ms of Python.
@@ -307,7 +307,7 @@ def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, 
     """(worker_id, num_workers) from the Process's arguments; raises TypeError, KeyError or
     ValueError where they do not fit the loop's signature."""
     args, kwargs = process._args, process._kwargs
-    positions = _worker_argument_positions(process._target)
+    positions = worker_argument_positions(process._target)
     if positions is not None and not kwargs and positions[2] <= len(args) <= positions[3]:
         worker, workers = positions[0], positions[1]
         if worker < len(args) and workers < len(args):  # else a default applies: bind finds it

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from . import _loader_lock, _torch_internals, native
 from ._imports import modules_state
 
-__all__ = ["ForkState", "ForeignThread", "Pool", "parent_state", "record", "register", "snapshot"]
+__all__ = [
+    "ForkState", "ForeignThread", "Pool", "parent_state", "record", "record_for_later_forks", "register", "snapshot",
+]
 
 # Runtimes whose pool a forked child cannot use: GNU OpenMP keeps the parent's
 # team in the child and waits for threads that do not exist. LLVM/Intel
@@ -400,6 +402,21 @@ def unchanged_since_record() -> bool:
         return False
     # A thread that ended since makes no plan wrong (a pool's threads are planned for as live).
     return forks.thread_ids is not None and native.threads_within(forks.thread_ids)
+
+
+def record_for_later_forks() -> tuple[tuple[int, ...], tuple[int, int], tuple[int, str, object]] | None:
+    """What the start's last ``record`` was taken with (thread ids, the dynamic loader's counters,
+    ``modules_state()``), for the C path of its later forks (``_fast_fork``) to check as
+    ``unchanged_since_record`` does; None where there is none for the start arming this thread."""
+    from ._registry import armed
+
+    forks = _loader_forks
+    if forks is None or forks.state is None or forks.thread_ids is None or forks.arming() is not armed():
+        return None
+    counters = _linker._loaded[0] if _linker is not None and forks.state.libraries is _linker._loaded[1] else None
+    if counters is None or not isinstance(forks.modules, tuple):
+        return None
+    return forks.thread_ids, counters, forks.modules
 
 
 def register() -> None:

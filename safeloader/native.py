@@ -30,6 +30,12 @@ __all__ = [
     "ThreadCensus",
     "descriptor_kinds",
     "descriptor_table",
+    "fast_fork_after_in_parent",
+    "fast_fork_arm",
+    "fast_fork_before",
+    "fast_fork_disarm",
+    "fast_fork_in_child",
+    "fast_fork_python_fork",
     "foreign_thread_ids",
     "fork_generation",
     "free_signals",
@@ -193,6 +199,24 @@ def loaded_counters() -> tuple[int, int] | None:
 
 def _loaded_counters(release: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
     return _impl.loaded_objects(False, release)  # a named function: no object made per call
+
+
+# The C path of a loader start's later worker forks (csrc/fast_fork.c, safeloader/_fast_fork.py):
+# the registry calls these bare at every fork, so they are the implementation's own functions.
+# The fallback never arms it: every fork takes the registry's Python path.
+fast_fork_arm = _impl.fast_fork_arm
+"""``fast_fork_arm(thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target,
+positions, num_workers, launches, clock)``: arm the C path for this thread's later forks of a start."""
+fast_fork_disarm = _impl.fast_fork_disarm
+"""``fast_fork_disarm()``: forget it (on the thread that armed it); how many forks took it."""
+fast_fork_before = _impl.fast_fork_before
+"""``fast_fork_before()``: in the registry's ``before``, whether this fork takes the C path."""
+fast_fork_after_in_parent = _impl.fast_fork_after_in_parent
+"""``fast_fork_after_in_parent()``: whether the fork now ending took the C path."""
+fast_fork_in_child = _impl.fast_fork_in_child
+"""``fast_fork_in_child()``: in a child, ``(worker_id, num_workers)`` if its fork took the C path, else None."""
+fast_fork_python_fork = _impl.fast_fork_python_fork
+"""``fast_fork_python_fork(open)``: the registry's Python path opens (True) or closes (False) a fork."""
 
 
 def code_segments(release_gil: bool) -> tuple[tuple[int, int, str], ...]:

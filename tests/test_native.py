@@ -204,6 +204,12 @@ NATIVE_FUNCTIONS = (
     "release_backtrace_handler",
     "warm_backtrace",
     "signal_thread",
+    "fast_fork_arm",
+    "fast_fork_disarm",
+    "fast_fork_before",
+    "fast_fork_after_in_parent",
+    "fast_fork_in_child",
+    "fast_fork_python_fork",
 )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 
-from .. import hook_names
+from .. import _registry, hook_names
 from .._registry import fork_context
 from ._backend import Backend
 
@@ -29,16 +29,24 @@ class GcBackend(Backend):
     def before(self) -> None:
         context = fork_context()
         if context is None or not context.options.freeze_gc or not gc.isenabled():
-            return
+            return  # also at a start's later forks: paused since its first
         # Paused, not frozen: no collection runs in the worker before it freezes what it inherited,
         # and the parent's generations stay as they were (unfreezing here would move every young
         # object, the starting iterator too, into the oldest generation: cyclic garbage would
         # then wait for a full collection). Marked first: unpausing what is not paused is harmless.
+        # At a start safeloader armed, paused until its last fork (a collection between two forks
+        # would write pages the workers forked so far share), and nothing to do at its other forks.
+        _registry.hold_for_start(NAME, self._resume)
         self.paused_here = True
         gc.disable()
 
-    def after_in_parent(self, plan: None) -> None:
+    def _resume(self) -> None:
         if self.paused_here:
+            gc.enable()  # then unmarked: interrupted between the two, it runs again (harmlessly)
+            self.paused_here = False
+
+    def after_in_parent(self, plan: None) -> None:
+        if self.paused_here and not _registry.held_for_start(NAME):
             gc.enable()  # then unmarked: interrupted between the two, it runs again (harmlessly)
             self.paused_here = False
 

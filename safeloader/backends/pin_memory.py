@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import hook_names
+from .. import _registry, hook_names
 from .._options import Options
 from .._torch_internals import PIN_MEMORY_MODULE
 from ._backend import Backend
@@ -185,8 +185,11 @@ class PinMemoryBackend(Backend):
             self._install_gate()
 
     def before(self) -> None:
-        if not gated():
-            return
+        if not gated() or _registry.held_for_start(NAME):
+            return  # no gate, or closed since the start's first fork
+        # At a start safeloader armed, closed until its last fork (then opened by disarm): its other
+        # forks have nothing to do. Registered first: opening a gate this thread did not close is a no-op.
+        _registry.hold_for_start(NAME, self.gate.open)
         if not self.gate.close(WAIT_SECONDS):
             warnings.warn(
                 f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
@@ -197,7 +200,8 @@ class PinMemoryBackend(Backend):
 
     def after_in_parent(self, plan: None) -> None:
         # Only this thread's own close: its `before` may have found no gate to close.
-        self.gate.open()
+        if not _registry.held_for_start(NAME):
+            self.gate.open()
 
     def after_in_child(self, plan: None) -> None:
         # The child has none of the parent's pin threads: it starts from an open gate,

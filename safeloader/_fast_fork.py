@@ -1,0 +1,84 @@
+"""A loader start's later worker forks, recognised and checked in C (csrc/fast_fork.c).
+
+How it works and why: docs/internals.md, ``safeloader._fast_fork``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from . import _import_locks, _loader_lock, _registration, _torch_internals, forkstate, hook_names, native
+from ._registration import NOTHING_TO_DO
+
+if TYPE_CHECKING:
+    from ._registry import Arming, ForkContext
+
+# The per-fork hooks whose work at a start's later forks the C path does or knows to be none: the
+# watchdog's clock (written by the C path), the pin-memory gate and gc's pause (held for the whole
+# start: nothing to do after its first fork), files and sockets (nothing to do while no descriptor
+# of their kind is open: checked by the C path at each fork). A start running any other per-fork
+# hook forks on the Python path.
+BEFORE = frozenset({hook_names.WATCHDOG, hook_names.PIN_MEMORY, hook_names.GC, hook_names.FILES, hook_names.SOCKETS})
+AFTER_IN_PARENT = frozenset({hook_names.PIN_MEMORY, hook_names.GC})
+HELD = (hook_names.PIN_MEMORY, hook_names.GC)
+_KINDS = {hook_names.FILES: native.READ_ONLY_FILE, hook_names.SOCKETS: native.TCP_SOCKET}
+
+
+def arm(arming: Arming, context: ForkContext, runs: tuple[Any, ...]) -> bool:
+    """At a start's fork that made its plans, on the Python path (called by the registry's
+    ``before``, whose caller must be multiprocessing's ``Popen._launch``): arm the C path for
+    the start's later forks where it can stand in for every per-fork hook. Whether it did."""
+    if not native.NATIVE:
+        return False
+    befores = {hook.name for hook in runs[1]}
+    afters = {hook.name for hook in runs[2]}
+    if not befores <= BEFORE or not afters <= AFTER_IN_PARENT:
+        return False
+    if any(name in befores and name not in arming.holds and _would_hold(name, context) for name in HELD):
+        return False  # its before at a later fork would have something to do
+    record = forkstate.record_for_later_forks()
+    launch = sys._getframe(2)  # this <- the registry's _on_before <- Popen._launch (os.fork is C)
+    process, popen = launch.f_locals.get("process_obj"), launch.f_locals.get("self")
+    target = getattr(process, "_target", None)
+    positions = _torch_internals.worker_argument_positions(target) if target is not None else None
+    if record is None or launch.f_code.co_name != "_launch" or popen is None or positions is None:
+        return False
+    thread_ids, counters, modules_state = record
+    watched: list[tuple[dict[str, Any], str, Any]] = [
+        (vars(_registration), "version", _registration.version),
+        (vars(_loader_lock), "_released", 0),  # no dynamic-loader section runs with the GIL released
+    ]
+    pin_module = sys.modules.get(_torch_internals.PIN_MEMORY_MODULE)
+    if pin_module is not None and "pin_memory" in vars(pin_module):
+        watched.append((vars(pin_module), "pin_memory", vars(pin_module)["pin_memory"]))
+    from . import watchdog
+
+    watch = context.watch
+    clock = (watch.slots, watchdog.FIELDS, watchdog.LAST) if isinstance(watch, watchdog.Watch) else None
+    kinds_mask = 0
+    for name in befores:
+        kinds_mask |= _KINDS.get(name, 0)
+    armed = native.fast_fork_arm(
+        thread_ids, counters, modules_state, tuple(watched), (_import_locks.MODULE_LOCKS,), kinds_mask,
+        launch.f_code, target, positions, context.num_workers, arming.launches, clock,
+    )
+    if armed:
+        # What a worker of a fast fork is told (inherited): the rest of its context, its plans
+        # (files and sockets had nothing to do), the start's plans and the worker's hooks.
+        plans = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
+        from ._registry import _local
+
+        _local.fast_start = (context.options, context.loader, context.watch, plans, arming.start_plans, runs[3])
+    return bool(armed)
+
+
+def _would_hold(name: str, context: ForkContext) -> bool:
+    """Whether the hook ``name`` (one of HELD) would pause or close something at a later fork."""
+    if name == hook_names.GC:
+        import gc
+
+        return context.options.freeze_gc and gc.isenabled()  # the C path checks gc stays as it is
+    from .backends import pin_memory
+
+    return pin_memory.gated()
