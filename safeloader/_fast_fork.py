@@ -59,17 +59,19 @@ def arm(arming: Arming, context: ForkContext, runs: tuple[Any, ...]) -> bool:
     kinds_mask = 0
     for name in befores:
         kinds_mask |= _KINDS.get(name, 0)
+    # What a worker of a fast fork is told (inherited): the rest of its context, its plans (files
+    # and sockets had nothing to do), the start's plans and the worker's hooks. Set first: a worker
+    # of the C path must find it (an interrupt between the two leaves it set, and the C path unarmed).
+    from ._registry import _local
+
+    plans = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
+    _local.fast_start = (context.options, context.loader, context.watch, plans, arming.start_plans, runs[3])
     armed = native.fast_fork_arm(
         thread_ids, counters, modules_state, tuple(watched), (_import_locks.MODULE_LOCKS,), kinds_mask,
         launch.f_code, target, positions, context.num_workers, arming.launches, clock,
     )
-    if armed:
-        # What a worker of a fast fork is told (inherited): the rest of its context, its plans
-        # (files and sockets had nothing to do), the start's plans and the worker's hooks.
-        plans = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
-        from ._registry import _local
-
-        _local.fast_start = (context.options, context.loader, context.watch, plans, arming.start_plans, runs[3])
+    if not armed:
+        _local.fast_start = None
     return bool(armed)
 
 

@@ -405,10 +405,10 @@ def _on_before() -> None:
     if _fast_before():
         return  # a later fork of a start, recognised and checked in C: nothing else to do (_fast_fork)
     arming = armed()
-    _python_fork(True)
     try:
         if _fork_left_open():
             _close_fork(arming)  # the last fork's after_in_parent was cut short on its first instruction
+        _python_fork(True)  # no C path while this fork is open: closed by _close_fork
         _local.fork_open = True
         _local.fork_entered = True  # before entering: leaving a fork not entered is harmless
         _loader_lock.enter_fork()  # left when the fork is closed (_close_fork); reset in the child

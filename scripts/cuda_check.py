@@ -14,6 +14,8 @@ output), once with safeloader and once with torch's own loader, and prints one J
   (each start forks while the other's pin-memory thread pins batches).
 - start_ratio: warm starts in a CUDA parent, safeloader / torch's fork loader, alternating pairs.
 - first_start_ratio: the first start of fresh CUDA processes, safeloader and torch alternating.
+- fast_forks: a start's later worker forks in a CUDA parent take the C path (csrc/fast_fork.c): the
+  registry's Python path runs at each start's first fork only, and the pinned batches are right.
 - doctor: safeloader.doctor() in a CUDA parent: nothing live may be reported as breaking or unknown.
 
 Exit status 0 when every case holds. Needs torch with CUDA and a GPU.
@@ -127,6 +129,31 @@ t = time.perf_counter()
 next(iter(LOADER(Arrays(), batch_size=8, num_workers=4, multiprocessing_context="fork")))
 print(json.dumps({"first_start_ms": round((time.perf_counter() - t) * 1e3, 1)}))
 """,
+    "fast_forks": """
+# A start's later worker forks in a CUDA parent (CUDA's driver threads live) take the C path:
+# the registry's Python path runs at each start's first fork only, and the pinned data is right.
+from safeloader import _registry
+python_path = []
+_recognise = _registry._context_for_this_fork
+def recognise():
+    python_path.append(len(python_path))
+    return _recognise()
+_registry._context_for_this_fork = recognise
+expected = direct()
+loader = LOADER(Arrays(), batch_size=8, num_workers=4, pin_memory=True, multiprocessing_context="fork")
+per_start = []
+for epoch in range(3):
+    python_path.clear()
+    seen = torch.zeros(len(Arrays()), 256)
+    for batch, index, ppid in loader:
+        assert batch.is_pinned()
+        seen[index] = batch
+    assert torch.equal(seen, expected), "data differs from a direct read"
+    per_start.append(len(python_path))
+print(json.dumps({"python_path_forks_per_start": per_start, "warnings": caught}))
+assert per_start == [1, 1, 1], per_start
+assert not caught, caught
+""",
     "doctor": """
 report = safeloader.doctor(file=None)
 live = [{"status": h["status"], "what": h["what"]} for h in report["live_at_fork"]]
@@ -135,7 +162,7 @@ print(json.dumps({"live_at_fork": live, "summary": report["summary"],
 assert not [h for h in live if h["status"] in ("breaks", "unknown")], live
 """,
 }
-ONLY_SAFELOADER = {"start_ratio", "doctor"}
+ONLY_SAFELOADER = {"start_ratio", "doctor", "fast_forks"}
 SEPARATE = {"first_start"}  # run in pairs by first_start_ratio
 
 
