@@ -35,6 +35,7 @@ warnings.simplefilter("ignore")
 if torch.cuda.is_available():
     model = torch.nn.Linear(256, 256).cuda()
     model(torch.randn(64, 256, device="cuda")).sum().item()  # CUDA initialised, its threads live
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's safeloader
 import safeloader  # noqa: E402
 
 ALL_HOOKS = ["watchdog", "forkstate", "zarrs", "polars", "sockets", "files", "h5py", "lmdb", "fsspec",
