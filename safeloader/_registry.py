@@ -446,7 +446,7 @@ def _on_before() -> None:
                 tuple(h for h in _registration.by_phase("after_in_parent") if h._runs_for(context)),
                 tuple(h for h in _registration.by_phase("after_in_child") if h._runs_for(context)),
             )
-            _local.child_hooks = start.start_runs[3]
+            _local.after_hooks, _local.child_hooks = start.start_runs[2], start.start_runs[3]
             if context is not None:  # (always: `start` is this fork's loader's)
                 _fast_fork.arm(start, context, start.start_runs)
         if context is not None:
