@@ -5,6 +5,7 @@ How it works and why: docs/internals.md, ``safeloader._fast_fork``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -59,13 +60,15 @@ def arm(arming: Arming, context: ForkContext, runs: tuple[Any, ...]) -> bool:
     kinds_mask = 0
     for name in befores:
         kinds_mask |= _KINDS.get(name, 0)
-    # What a worker of a fast fork is told (inherited): the rest of its context, its plans (files
-    # and sockets had nothing to do), the start's plans and the worker's hooks. Set first: a worker
-    # of the C path must find it (an interrupt between the two leaves it set, and the C path unarmed).
+    # What a worker of a fast fork is told (inherited): its context (each worker's made here, once: in
+    # the worker every object made is a page copied), its plans (files and sockets had nothing to do),
+    # the start's plans and the worker's hooks. Set first: a worker of the C path must find it (an
+    # interrupt between the two leaves it set, and the C path unarmed).
     from ._registry import _local
 
+    contexts = tuple(dataclasses.replace(context, worker_id=worker) for worker in range(context.num_workers))
     plans = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
-    _local.fast_start = (context.options, context.loader, context.watch, plans, arming.start_plans, runs[3])
+    _local.fast_start = (contexts, plans, arming.start_plans, runs[3])
     armed = native.fast_fork_arm(
         thread_ids, counters, modules_state, tuple(watched), (_import_locks.MODULE_LOCKS,), kinds_mask,
         launch.f_code, target, positions, context.num_workers, arming.launches, clock,

@@ -527,8 +527,8 @@ def _on_after_in_child() -> None:
     global _worker_context, _parent_failed_fork
     fast = _fast_in_child()
     if fast is not None:  # its parent's `before` took the C path: the rest is the start's
-        options, loader, watch, fast_plans, start_plans, child_hooks = _local.fast_start
-        _local.pending = ForkContext(fast[0], fast[1], options, loader, watch, _carrier=True)
+        contexts, fast_plans, start_plans, child_hooks = _local.fast_start
+        _local.pending = contexts[fast[0]]  # the C path checked its worker id against their number
         _local.plans, _local.start_plans, _local.child_hooks = fast_plans, start_plans, child_hooks
         _local.parent_failed = False
     _local.fast_start = None
