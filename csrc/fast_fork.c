@@ -33,8 +33,11 @@
  * arming is refused: the checks rely on the GIL being held from `before` to `after_in_parent`.
  * Only the interpreter that armed it uses it.
  */
-#define _GNU_SOURCE
-#include "fast_fork.h"
+#include "fast_fork.h"  /* Python.h first: its pyconfig.h defines _GNU_SOURCE (dl_iterate_phdr) */
+
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>  /* PyFrame_GetBack: in Python.h from 3.11 */
+#endif
 
 #include <link.h>
 #include <stddef.h>
