@@ -531,7 +531,8 @@ def _on_after_in_child() -> None:
         _local.pending = contexts[fast[0]]  # the C path checked its worker id against their number
         _local.plans, _local.start_plans, _local.child_hooks = fast_plans, start_plans, child_hooks
         _local.parent_failed = False
-    _local.fast_start = None
+    # _local.fast_start is left as inherited: freeing it here would write the pages of every object
+    # it holds (read only after this process arms a start of its own, which sets it anew).
     _loader_lock.reset_in_child()
     for reset in _child_resets:
         reset()
