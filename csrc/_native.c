@@ -36,7 +36,10 @@
  * here relies on a GIL, for these reasons.
  * - The module keeps no Python objects between calls: no module state, no
  *   static types, no cached objects. Each function builds its result from
- *   local values, so interpreters share nothing through it.
+ *   local values, so interpreters share nothing through it. The one exception
+ *   is fast_fork.c's state for a loader start's later forks: references taken
+ *   by fast_fork_arm and released by fast_fork_disarm, used only by the thread
+ *   and interpreter that armed it, and never armed under a free-threaded build.
  * - The C state is process-wide on purpose (forks, signal dispositions and
  *   threads belong to the process, not to an interpreter), and the GIL never
  *   protected it anyway: signal handlers run on whichever thread the kernel
@@ -382,6 +385,16 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data) {
     if (name == NULL) { objects->failed = 1; return 1; }
     objects->names[objects->count++] = name;
     return 0;
+}
+
+/* The dynamic loader's (loads, unloads) counters now, allocating nothing: 1, or 0 where this
+ * glibc has none. Takes the loader's lock (the caller decides when that is safe). */
+int sl_loaded_counters(unsigned long long *adds, unsigned long long *subs) {
+    objects_t objects = {.names = NULL, .count = 0, .capacity = 0, .counters = 0, .full = 0, .failed = 0};
+    dl_iterate_phdr(collect_object, &objects);
+    *adds = objects.adds;
+    *subs = objects.subs;
+    return objects.counters;
 }
 
 /* loaded_objects(full, release_gil) -> ((adds, subs) or None, names or None). The walk

@@ -33,14 +33,12 @@
  * arming is refused: the checks rely on the GIL being held from `before` to `after_in_parent`.
  * Only the interpreter that armed it uses it.
  */
-#include "fast_fork.h"  /* Python.h first: its pyconfig.h defines _GNU_SOURCE (dl_iterate_phdr) */
+#include "fast_fork.h"  /* Python.h first (its pyconfig.h defines _GNU_SOURCE) */
 
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>  /* PyFrame_GetBack: in Python.h from 3.11 */
 #endif
 
-#include <link.h>
-#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,7 +51,6 @@ typedef struct {
     int python_open;       /* a fork of the Python path is under way on the starting thread */
     /* what must hold */
     PyObject *thread_ids;  /* sorted tuple */
-    int have_counters;
     unsigned long long adds, subs;
     PyObject *modules;     /* sys.modules, and its size, last name and module */
     Py_ssize_t modules_size;
@@ -96,6 +93,11 @@ static void clear(void) {
     memset(&fast, 0, sizeof fast);
 }
 
+/* Whether the state is armed by this thread of this interpreter. */
+static int armed_here(void) {
+    return fast.armed && fast.thread == PyThread_get_thread_ident() && fast.interp == PyInterpreterState_Get();
+}
+
 void sl_fast_fork_on_child(void) {
     /* Only the forking thread is left. Nothing is released here (no Python may run, and
      * the references belong to the parent's objects, which the child keeps as inherited). */
@@ -103,24 +105,6 @@ void sl_fast_fork_on_child(void) {
     child.worker_id = fast.worker_id;
     child.num_workers = fast.num_workers;
     memset(&fast, 0, sizeof fast);
-}
-
-struct counters { unsigned long long adds, subs; int have; };
-
-static int first_object(struct dl_phdr_info *info, size_t size, void *data) {
-    struct counters *found = data;
-    found->have = size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs);
-    if (found->have) { found->adds = info->dlpi_adds; found->subs = info->dlpi_subs; }
-    return 1;  /* every object carries the counters: the first is enough */
-}
-
-/* The loader's (loads, unloads) counters now. dl_iterate_phdr takes the loader's lock: no
- * other Python thread holds it in a section meanwhile (the GIL is held, and none runs with it
- * released: checked first), and a native thread holds it only briefly. */
-static struct counters counters_now(void) {
-    struct counters found = {0, 0, 0};
-    dl_iterate_phdr(first_object, &found);
-    return found;
 }
 
 static double monotonic(void) {
@@ -202,14 +186,15 @@ done:
 /* fast_fork_before() -> bool, called first by the registry's `before`: True when this fork took
  * the fast path (the registry then returns at once), False when the Python path must run. */
 PyObject *sl_fast_fork_before(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    if (!fast.armed || fast.python_open || fast.thread != PyThread_get_thread_ident() || fast.pid != getpid()
-        || fast.interp != PyInterpreterState_Get()) Py_RETURN_FALSE;
+    if (!armed_here() || fast.python_open || fast.pid != getpid()) Py_RETURN_FALSE;
     fast.in_fork = 0;  /* an earlier fast fork whose after_in_parent was cut short: nothing to undo */
     PyObject *popen = NULL;
     long worker = -1;
     if (!globals_unchanged() || PyGC_IsEnabled() != fast.gc_enabled || !modules_unchanged()) goto python;
-    struct counters now = counters_now();
-    if (!fast.have_counters || !now.have || now.adds != fast.adds || now.subs != fast.subs) goto python;
+    /* The loader's lock: no Python thread holds it in a section (none runs with the GIL released:
+     * checked above, and the GIL is held), and a native thread holds it only briefly. */
+    unsigned long long adds, subs;
+    if (!sl_loaded_counters(&adds, &subs) || adds != fast.adds || subs != fast.subs) goto python;
     if (sl_threads_within(fast.thread_ids) != 1) goto python;
     if (fast.kinds_mask != 0) {
         long kinds = sl_descriptor_kinds();
@@ -234,7 +219,7 @@ python:
 
 /* fast_fork_after_in_parent() -> bool: True when the fork now ending took the fast path. */
 PyObject *sl_fast_fork_after_in_parent(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    if (fast.in_fork && fast.thread == PyThread_get_thread_ident()) {
+    if (fast.in_fork && armed_here()) {
         fast.in_fork = 0;
         Py_RETURN_TRUE;
     }
@@ -254,7 +239,7 @@ PyObject *sl_fast_fork_in_child(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(u
 PyObject *sl_fast_fork_python_fork(PyObject *Py_UNUSED(self), PyObject *open) {
     int value = PyObject_IsTrue(open);
     if (value < 0) return NULL;
-    if (fast.armed && fast.thread == PyThread_get_thread_ident()) fast.python_open = value;
+    if (armed_here()) fast.python_open = value;
     Py_RETURN_NONE;
 }
 
@@ -262,7 +247,7 @@ PyObject *sl_fast_fork_python_fork(PyObject *Py_UNUSED(self), PyObject *open) {
  * forks that took the fast path since it was armed (0 elsewhere). */
 PyObject *sl_fast_fork_disarm(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
     long forks = 0;
-    if (fast.armed && fast.thread == PyThread_get_thread_ident()) {
+    if (armed_here()) {
         forks = fast.forks;
         clear();
     }
@@ -333,7 +318,6 @@ PyObject *sl_fast_fork_arm(PyObject *Py_UNUSED(self), PyObject *args) {
     fast.thread = PyThread_get_thread_ident();
     fast.pid = getpid();
     fast.thread_ids = Py_NewRef(thread_ids);
-    fast.have_counters = 1;
     fast.adds = adds;
     fast.subs = subs;
     fast.modules = Py_NewRef(modules);
