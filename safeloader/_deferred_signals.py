@@ -94,7 +94,8 @@ class DeferredSignals:
                     _signal.signal(signum, handler)
             except (OSError, ValueError):
                 pass  # not the main thread's: a child of a fork from another thread
-        self._wrapped.clear()
+        # _wrapped is left as inherited: the start it belongs to never goes on in the child, and
+        # clearing it would write the page of each handler and wrapper (copied from the parent).
 
     def _wrap(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
         def deferring(signum: int, frame: FrameType | None) -> Any:
@@ -127,8 +128,8 @@ _wrapping: list[DeferredSignals] = []
 def _give_handlers_back_in_child() -> None:
     """In a forked child: the parent's starts are not the child's (a worker's SIGALRM timeout, a
     Ctrl-C, raise there at once)."""
-    while _wrapping:
-        _wrapping.pop().give_back_in_child()
+    for signals in _wrapping:  # left in the list (popping writes their pages): given back, each is inert
+        signals.give_back_in_child()
 
 
 _registry.reset_in_child(_give_handlers_back_in_child)

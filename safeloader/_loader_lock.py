@@ -48,11 +48,15 @@ def idle() -> bool:
 
 
 def reset_in_child() -> None:
-    """In the child: the other threads are gone, and with them their sections and forks."""
+    """In the child: the other threads are gone, and with them their sections and forks. What
+    shows none is kept as inherited (replacing it would write pages copied from the parent)."""
     global _lock, _released, _forking
-    _lock = threading.Lock()
-    _released = 0
-    _forking = {}
+    if _lock.locked():
+        _lock = threading.Lock()
+    if _released:
+        _released = 0
+    if _forking:
+        _forking = {}
 
 
 def section(work: Callable[[bool], T]) -> T:

@@ -6,6 +6,7 @@ How it works and why: docs/internals.md, ``safeloader.watchdog``.
 from __future__ import annotations
 
 import _signal  # signal.getsignal converts each answer to an enum (1-2 us a call, in every worker)
+import _thread
 import errno
 import faulthandler
 import mmap
@@ -148,8 +149,9 @@ class Watch:
                 # Open for the worker's life; faulthandler takes the bare descriptor (a file object
                 # would cost each worker the io stack's objects: pages copied from the parent).
                 python_fd = os.memfd_create("safeloader-python-stacks")
-                # faulthandler names threads by ident; the parent needs to know which is main.
-                os.write(python_fd, b"main-thread %#x\n" % (threading.main_thread().ident or 0))
+                # faulthandler names threads by ident; the parent needs to know which is main: this
+                # one (the forked worker's only thread, or a spawned worker's loop), asked of C alone.
+                os.write(python_fd, b"main-thread %#x\n" % _thread.get_ident())
                 faulthandler.register(python_signal, file=python_fd, all_threads=True, chain=False)
                 python_handler = native.signal_handler_address(python_signal)
                 self.slots[base + PYTHON_FD] = float(python_fd)

@@ -102,7 +102,8 @@ class PolarsBackend(Backend):
         _registry.reset_in_child(self._new_lock_in_child)
 
     def _new_lock_in_child(self) -> None:
-        self.setup_lock = threading.Lock()
+        if self.setup_lock.locked():  # held by a thread of the parent at the fork (gone here)
+            self.setup_lock = threading.Lock()
 
     def _ensure_copy(self) -> str | None:
         if self._copy_fd is None and self._copy_problem is None:

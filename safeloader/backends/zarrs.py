@@ -75,8 +75,10 @@ class ZarrsBackend(Backend):
 
     def _new_setup_lock_in_child(self) -> None:
         # Another thread of the parent may have held the lock at the fork; the child
-        # has no such thread, and a loader started in it must not wait forever.
-        self.setup_lock = threading.Lock()
+        # has no such thread, and a loader started in it must not wait forever. One nobody
+        # held is kept: replacing it would write pages copied from the parent.
+        if self.setup_lock.locked():
+            self.setup_lock = threading.Lock()
 
     def resolve_mode(self, requested: str, copy: bool = True) -> str:
         """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
