@@ -123,3 +123,87 @@ def test_cpu_autograd_in_workers_after_backward_in_parent():
     got = torch.cat(list(safeloader.DataLoader(Backward(), batch_size=None, num_workers=2)))
     expected = torch.cat([Backward()[i] for i in range(4)])
     assert torch.equal(got, expected)
+
+
+# -- where a lazily queued accelerator call came from (_lazy_stacks) ----------------------------
+
+
+class SeedingReport(Dataset):
+    """Each item: what the worker's seeding of the accelerators not initialised noted (torch's worker loop
+    calls torch.manual_seed before any item: CUDA, XPU, MTIA; not CUDA where the parent used it, which a
+    CUDA build's ``torch.cuda.is_available()`` does), and which source files the worker read into
+    linecache since ``snapshot``."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def snapshot(self) -> None:
+        import linecache
+
+        self.cached = set(linecache.cache)
+
+    def __getitem__(self, index: int) -> dict:
+        import linecache
+
+        read = sorted(set(linecache.cache) - self.cached)  # first: reading the text below reads sources
+        noted = [
+            stack
+            for module in (torch.cuda, getattr(torch, "xpu", None), getattr(torch, "mtia", None))
+            for call in getattr(getattr(module, "_lazy_seed_tracker", None), "get_calls", list)()
+            if call
+            for stack in call[1:]
+        ]
+        return {
+            "kinds": sorted(type(stack).__name__ for stack in noted),
+            "texts": ["".join(stack) for stack in noted],
+            "read": read,
+        }
+
+
+def _seeding_report(loader_class) -> dict:
+    dataset = SeedingReport()
+    dataset.snapshot()
+    return next(iter(loader_class(dataset, batch_size=None, num_workers=1)))
+
+
+def test_a_workers_seeding_notes_where_it_came_from_without_reading_source_files():
+    """torch's worker loop seeds CUDA before the device exists: torch keeps the seeding call, and with
+    it ``traceback.format_stack()``, for an error message should the call fail later. Formatting reads
+    the source file of every frame (2-3 ms and 300 copied pages of each worker's start): under
+    safeloader the stack is kept and formatted only when read, to the same text."""
+    torch_report = _seeding_report(torch.utils.data.DataLoader)
+    assert torch_report["kinds"] and set(torch_report["kinds"]) == {"list"}, torch_report
+    assert torch_report["read"], torch_report  # torch read the sources
+    report = _seeding_report(safeloader.DataLoader)
+    assert report["kinds"] == ["FormattedStack"] * len(torch_report["kinds"]), report
+    assert report["read"] == [], report
+    text = report["texts"][0]
+    assert "in _worker_loop\n" in text and "in manual_seed_all\n" in text
+    # Each frame of torch's text, its file, line and function, is in safeloader's (whose stack also holds
+    # safeloader's own frames, around the fork), with its source line; but this test's own (another line).
+    this_test = f" in {test_a_workers_seeding_notes_where_it_came_from_without_reading_source_files.__name__}"
+    frames = [line for line in torch_report["texts"][0].splitlines()
+              if line.startswith("  File ") and not line.endswith(this_test)]
+    assert frames and all(frame in text for frame in frames), (frames, text)
+    assert "    torch.manual_seed(seed)\n" in text
+
+
+def test_the_formatted_stack_is_tracebacks_text():
+    import traceback
+
+    from safeloader.backends import _lazy_stacks
+
+    def caller():
+        return _lazy_stacks.format_stack(), traceback.format_stack()
+
+    lazy, formatted = caller()
+    # The same frames and source lines; traceback also underlines a part of some lines (3.11+):
+    # a position a stack of (file, line, function) does not keep.
+    assert list(lazy) == [_without_carets(entry) for entry in formatted]
+    assert len(lazy) == len(formatted) and lazy[-1] == _without_carets(formatted[-1])
+    assert "".join(lazy) == "".join(_without_carets(entry) for entry in formatted)
+
+
+def _without_carets(entry: str) -> str:
+    lines = entry.splitlines(keepends=True)
+    return "".join(line for line in lines if line.strip(" ^~\n"))
