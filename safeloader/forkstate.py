@@ -120,52 +120,17 @@ class ForkState:
 
 
 class _DynamicLinker:
-    """dladdr and the loader's list of objects: a few microseconds per question,
-    where reading /proc/self/maps costs about a millisecond in a torch process.
+    """The loader's list of loaded objects, listed again only when something was loaded or unloaded.
 
-    Both hold glibc's dynamic-loader lock, and a fork from another thread at
-    that moment gives a child that hangs at its first dlopen: each call is a
-    ``_loader_lock.section``, run with the GIL released (forks wait for it) or,
-    while another thread is inside a fork, with the GIL held (that fork cannot
-    reach ``fork()`` meanwhile, and this does not wait for its callbacks).
+    Listing holds glibc's dynamic-loader lock, and a fork from another thread at that moment gives
+    a child that hangs at its first dlopen: each listing is a ``_loader_lock.section``, run with the
+    GIL released (forks wait for it) or, while another thread is inside a fork, with the GIL held
+    (that fork cannot reach ``fork()`` meanwhile, and this does not wait for its callbacks).
     """
 
     def __init__(self) -> None:
-        import ctypes
-
-        class DlInfo(ctypes.Structure):
-            _fields_ = (
-                ("dli_fname", ctypes.c_char_p),
-                ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p),
-                ("dli_saddr", ctypes.c_void_p),
-            )
-
-        self._ctypes = ctypes
-        self._info_type = DlInfo
-        # (GIL held, GIL released): a PyDLL function keeps the GIL around the call.
-        self._dladdr = (ctypes.PyDLL(None).dladdr, ctypes.CDLL(None).dladdr)
-        for dladdr in self._dladdr:
-            dladdr.argtypes = (ctypes.c_void_p, ctypes.POINTER(DlInfo))
-            dladdr.restype = ctypes.c_int
-        self._realpaths: dict[bytes, str] = {}
         # The last full list, with the loader's (loads, unloads) counters when it was taken.
         self._loaded: tuple[tuple[int, int] | None, tuple[str, ...]] = (None, ())
-
-    def _realpath(self, name: bytes) -> str:
-        # Per fork, dladdr answers the same few libraries: resolve each path once
-        # (realpath is an lstat per path component).
-        path = self._realpaths.get(name)
-        if path is None:
-            path = self._realpaths[name] = os.path.realpath(os.fsdecode(name))
-        return path
-
-    def library_at(self, address: int) -> str | None:
-        info = self._info_type()
-        found = _loader_lock.section(lambda release: self._dladdr[release](address, self._ctypes.byref(info)))
-        if not found or not info.dli_fname:
-            return None
-        return self._realpath(info.dli_fname)
 
     def loaded(self) -> tuple[str, ...]:
         """Paths of the loaded objects, in load order. Listed again only when something
@@ -200,7 +165,12 @@ def _native_thread(tid: int, name: str) -> ForeignThread:
         address = int(fields[-1], 16)  # "nr args... sp pc": the instruction pointer is last
     except ValueError:
         return ForeignThread(tid, name, "unknown", None)
-    return ForeignThread(tid, name, "blocked", _dynamic_linker().library_at(address))
+    # The loaded object whose code holds it, from the code segments the thread-owner check listed
+    # before the start (listed again only when something was loaded or unloaded): a lookup, where
+    # dladdr held the dynamic-loader lock and released the GIL for each thread (about 40 us each).
+    from .diagnostics import thread_owners  # here: importing safeloader imports none of the diagnostics
+
+    return ForeignThread(tid, name, "blocked", thread_owners.code_owner_at(address))
 
 
 def _known_thread(known: dict[tuple[int, str], ForeignThread], tid: int, name: str) -> ForeignThread:

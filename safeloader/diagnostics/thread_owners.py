@@ -12,7 +12,7 @@ from bisect import bisect_right
 
 from .. import native
 
-__all__ = ["SYSTEM_LIBRARIES", "library_of", "owners"]
+__all__ = ["SYSTEM_LIBRARIES", "code_owner_at", "library_of", "owners"]
 
 # Objects a pool's thread waits *through*, not the pool's owner.
 SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
@@ -183,6 +183,12 @@ def _outermost_object(data: bytes, segments: _Segments) -> str | None:
         if name is not None and not _is_system(name):
             return name
     return None
+
+
+def code_owner_at(address: int) -> str | None:
+    """The real path of the loaded object whose code holds ``address`` (an instruction pointer), the
+    main program's for its own code; None where none does (the vDSO, code made at run time)."""
+    return _mappings().name_at(address)
 
 
 def library_of(tid: int) -> str | None:
