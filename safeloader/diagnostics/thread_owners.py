@@ -125,8 +125,7 @@ _waited: set[tuple[int, str]] = set()  # threads once waited for while running: 
 
 
 def _is_system(path: str) -> bool:
-    base = os.path.basename(path)
-    return not path or any(base.startswith(prefix) for prefix in SYSTEM_LIBRARIES)
+    return not path or path[path.rfind("/") + 1 :].startswith(SYSTEM_LIBRARIES)
 
 
 def _memory(process: str, address: int, length: int) -> bytes:
