@@ -87,3 +87,34 @@ def test_with_the_torch_backend_disabled_the_stall_report_names_the_generator_lo
     assert not result.timed_out and "STALL" in result.stdout, result
     assert "torch's random generator lock" in result.stdout, result
     assert "safeloader's 'torch' backend is disabled for this loader" in result.stdout, result
+
+
+def test_a_worker_waiting_for_a_lock_of_the_c_librarys_own_is_told_as_such():
+    # Seen in CI (2026-11-27, Python 3.13, loaders started from eight threads at once): a worker's
+    # torch.set_num_threads registered a C++ static's destructor (__cxa_atexit) and waited forever for
+    # glibc's exit-handler lock, which another thread of the parent held at the fork. The report's
+    # stacks, as collected then; the cause was "unknown" before.
+    from types import SimpleNamespace
+
+    from safeloader.diagnostics.stacks import NativeThread, PythonThread
+    from safeloader.diagnostics.stall_report import StallReport, likely_cause
+
+    worker_loop = ".venv-latest/lib/python3.13/site-packages/torch/utils/data/_utils/worker.py"
+    main = NativeThread(25269, "pt_data_worker", "futex_do_wait", [
+        ("libc.so.6", "__lll_lock_wait_private+0x24"),
+        ("libc.so.6", "?0x3deed"),
+        ("torch/lib/libtorch_cpu.so", "?0x4fc3c58"),
+        ("torch/lib/libtorch_cpu.so", "_ZN2at15set_num_threadsEi+0x2a"),
+        ("libpython3.13.so.1.0", "PyObject_Vectorcall+0x4f"),
+    ])
+    report = StallReport(
+        worker_id=1, pid=25269, waited=80.4, limit=80.0, starting=True, items_done=0,
+        python_threads=[PythonThread(0x7F00, True, [(worker_loop, 274, "_worker_loop")])],
+        python_text="", native_threads=[main], native_available=True,
+    )
+    watch = SimpleNamespace(stall_timeout=40.0, first_limit=80.0, disabled_hooks=frozenset(),
+                            parent_threads=("Thread-1 (run)", "Thread-2 (run)"))
+    cause = likely_cause(report, watch)
+    assert cause.startswith("a lock of the C library's own"), cause
+    assert "__lll_lock_wait_private" in cause and "Thread-1 (run), Thread-2 (run)" in cause
+    assert "multiprocessing_context='forkserver'" in cause

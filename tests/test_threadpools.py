@@ -234,6 +234,21 @@ def test_a_pool_started_between_two_forks_of_one_loader_is_seen_at_the_next_fork
     assert workers == {"0": [False, 2], "1": [True, 1]}
 
 
+def test_the_name_search_finds_exactly_the_objects_whose_file_name_holds_a_prefix():
+    # _named searches all loaded paths at once for a few keys: each prefix must hold one of them.
+    assert all(any(key in prefix for key in threadpools._KEYS) for prefix in threadpools._PREFIXES)
+    paths = [
+        "/venv/site-packages/numpy.libs/libscipy_openblas64_-32a4b2a6.so",
+        "/venv/site-packages/torch/lib/libgomp.so.1",
+        "/usr/lib/x86_64-linux-gnu/libBLAS.so.3",  # any case
+        "/opt/intel/lib/libmkl_rt.so.2",
+        "/opt/openblas/lib/libz.so.1",  # a prefix in a folder's name only
+        "/venv/site-packages/compression/_zstd.so",  # "omp" in no prefix
+        "/usr/lib/libc.so.6",
+    ]
+    assert threadpools._named(paths) == set(paths[:4])
+
+
 def test_the_backend_finds_every_pool_threadpoolctls_whole_scan_finds_a_linked_library_too():
     # The backend hands threadpoolctl only the loaded files whose name (or link target) it
     # could know, once per path: the pools must be the same as its scan of every library.

@@ -65,8 +65,7 @@ _PREFIXES = _OPENBLAS + _OPENMP + _OTHERS
 # Any of them anywhere in a file name: one search per loaded object instead of a test per prefix
 # (370 objects at a first start with 300 extension modules); a name without one can still be a link.
 _NAME_HINT = re.compile("|".join(re.escape(prefix) for prefix in _PREFIXES))
-_KEYS = ("blas", "omp", "mkl", "blis")  # each prefix holds one
-assert all(any(key in prefix for key in _KEYS) for prefix in _PREFIXES)
+_KEYS = ("blas", "omp", "mkl", "blis")  # each prefix holds one (tests/test_threadpools.py)
 _EXTENSION_SUFFIXES = tuple(suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES if suffix != ".so")
 
 

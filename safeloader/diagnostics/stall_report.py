@@ -205,6 +205,17 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             "Fix: do not load libraries or walk them (ctypes, threadpoolctl) in other threads while workers start, "
             "or import what the workers need before starting the loader."
         )
+    if main_symbols and main_symbols[0].startswith("__lll_lock_wait_private"):
+        others = ", ".join(watch.parent_threads) or "none Python started"
+        return (
+            "a lock of the C library's own: the worker's main thread waits for one of glibc's internal locks "
+            "(__lll_lock_wait_private: its list of exit handlers, which the first use of a C++ static registers "
+            "with, its environment, its locale...). Another thread of the parent was inside the C library holding "
+            "it at the moment of the fork, and glibc makes only some of its locks new in a fork's child, so it "
+            f"stays held forever in the worker. Other threads of the parent at fork: {others}. Fix: start the "
+            "workers before other threads run native code (loaders started from several threads at once: start "
+            "one first), or start them with a forkserver (multiprocessing_context='forkserver')."
+        )
     in_futex = main_native is not None and "futex" in main_native.kernel_wait
     in_lock = (
         any("PyThread_acquire_lock" in s or "sem_wait" in s or "sem_clockwait" in s for s in main_symbols)
