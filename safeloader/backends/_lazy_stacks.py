@@ -7,7 +7,6 @@ How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, overload
@@ -31,6 +30,8 @@ class FormattedStack(Sequence[str]):
 
     def _formatted(self) -> list[str]:
         if self._lines is None:
+            import traceback
+
             self._lines = traceback.StackSummary.from_list(self._frames).format()
         return self._lines
 
@@ -62,6 +63,8 @@ def format_stack(f: FrameType | None = None, limit: int | None = None) -> Sequen
     """``traceback.format_stack``, its lines formatted when first read (a ``limit``: at once)."""
     frame: FrameType | None = sys._getframe(1) if f is None else f
     if limit is not None:
+        import traceback
+
         return traceback.format_stack(frame, limit)
     frames: list[tuple[str, int, str, None]] = []
     while frame is not None:
@@ -78,6 +81,8 @@ class _Traceback:
     format_stack = staticmethod(format_stack)
 
     def __getattr__(self, name: str) -> Any:
+        import traceback
+
         return getattr(traceback, name)
 
 
@@ -86,8 +91,10 @@ _TRACEBACK = _Traceback()  # made here, in the parent: the worker only points th
 
 def install_in_worker() -> None:
     """In a forked worker, before torch's worker loop seeds every accelerator (``torch.manual_seed``):
-    each of MODULES imported that uses the ``traceback`` module gets the stand-in."""
+    each of MODULES imported that uses the ``traceback`` module gets the stand-in (importing safeloader
+    imports no ``traceback``: where it is not imported, neither are they)."""
+    traceback = sys.modules.get("traceback")
     for name in MODULES:
         module = sys.modules.get(name)
-        if module is not None and vars(module).get("traceback") is traceback:
+        if module is not None and traceback is not None and vars(module).get("traceback") is traceback:
             module.traceback = _TRACEBACK  # type: ignore[attr-defined]
