@@ -258,6 +258,11 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
 
     forkserver = "start the workers with on_unsafe_fork='forkserver' (per loader or safeloader.configure)"
     libraries = thread_libraries(t.tid for t in state.native_threads)
+    if not libraries and state.native_threads:  # no native stacks (no C extension): where each thread started
+        from .diagnostics import thread_owners
+
+        started = thread_owners.owners(tuple((t.tid, t.name) for t in state.native_threads))
+        libraries = {tid: [library] for tid, library in started.items() if library is not None}
     groups: dict[str, list[forkstate.ForeignThread]] = {}
     paths: dict[str, str] = {}  # each owner's shared object, for the table of native libraries
     for thread in state.native_threads:

@@ -112,7 +112,7 @@ class Watch:
         self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
         self.lacking_pools: frozenset[str] = frozenset()
         self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
-        self._waits: dict[int, tuple[str, int, float]] = {}
+        self._waits: dict[int, tuple[str, int, float, str]] = {}
         now = time.monotonic()
         for worker_id in range(num_workers):
             self.slots[worker_id * FIELDS + LAST] = now
@@ -322,10 +322,15 @@ class Watch:
                 continue
             seen = self._waits.get(worker_id)
             if seen is None or seen[0] != wait[0] or wait[2] - seen[1] > ORPHAN_IDLE_TICKS:
-                self._waits[worker_id] = (wait[0], wait[2], now)
+                self._waits[worker_id] = (wait[0], wait[2], now, wait[1])
             elif now - seen[2] >= ORPHAN_CONFIRM:
                 found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
         return found
+
+    def waits_in(self, worker_id: int) -> str | None:
+        """The library ``orphaned`` saw worker ``worker_id``'s main thread wait in, or None."""
+        seen = self._waits.get(worker_id)
+        return seen[3] if seen is not None else None
 
     def ready_flags(self, worker_id: int) -> int:
         return int(self.slots[worker_id * FIELDS + READY])
@@ -704,6 +709,7 @@ def _check(iterator: Any, watch: Watch) -> None:
             watch=watch,
             python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
             native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
+            waits_in=watch.waits_in(worker_id) if certain else None,
         )
         report.certain = certain
         report.collating = int(batch) if state == COLLATING else 0

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import safeloader
+
 from .subproc import check_python, check_script, run_script
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,10 +84,24 @@ def test_forked_anyway_a_worker_waiting_for_the_pool_is_named_within_seconds(tin
     assert re.match(r"WorkerStallError: safeloader: [12] DataLoader worker\(s\) stalled \(stall_timeout=60", out), out
     assert "and never will: it waits, unchanged and idle, inside a library whose threads" in out, out
     assert "Likely cause: libtinypool.so's native threads, inherited without them" in out, out
-    assert "pool_square" in out, out  # the native frame it waits in
+    # The native frame it waits in (the C extension's stack dumper; a run without it: SAFELOADER_REQUIRE_NATIVE=0).
+    assert "pool_square" in out if safeloader.NATIVE else "Native stacks unavailable" in out, out
     waited = float(re.search(r"made no progress for ([0-9.]+) s", out).group(1))
     assert waited < 10, out
     assert ("UnsafeForkWarning" in out) == (policy == "warn"), out
+
+
+WITHOUT_EXTENSION = {"SAFELOADER_DISABLE_NATIVE": "1", "SAFELOADER_REQUIRE_NATIVE": "0"}
+
+
+def test_without_the_extension_a_worker_waiting_for_the_pool_is_named_all_the_same(tiny_pool):
+    # No native stack dumper without the C extension: the library is the one the watchdog saw the
+    # worker's main thread wait in (its stack read through /proc). Before: "a lock that is never released".
+    out = check_script("unknown_native_pool.py", tiny_pool, "safeloader", "ignore", "pickles", timeout=90,
+                       env=WITHOUT_EXTENSION).stdout
+    assert "and never will: it waits, unchanged and idle, inside a library whose threads" in out, out
+    assert "Likely cause: libtinypool.so's native threads, inherited without them" in out, out
+    assert "Native stacks unavailable" in out, out
 
 
 UNGUARDED = """
@@ -130,7 +146,10 @@ def test_a_library_known_to_survive_fork_only_from_a_release_on_is_judged_by_the
     assert native_libraries._numbers("2.0.1rc1") == (2, 0, 1)
 
 
-def test_doctor_tells_an_unknown_pool_from_one_that_survives_fork(tiny_pool):
+@pytest.mark.parametrize("build", ["extension", "fallback"])
+def test_doctor_tells_an_unknown_pool_from_one_that_survives_fork(tiny_pool, build):
+    # Without the C extension (no native stacks) each thread is named by where it started (its stack
+    # read through /proc); before, by where it waited: "libc.so.6".
     out = check_python(
         f"""
 import ctypes, json
@@ -142,6 +161,7 @@ live = safeloader.doctor(file=None)["live_at_fork"]
 print(json.dumps({{h["subject"]: [h["status"], h["safeloader_will"]] for h in live}}))
 """,
         timeout=60,
+        env=WITHOUT_EXTENSION if build == "fallback" else None,
     ).stdout
     live = json.loads(out)
     assert live["libtinypool.so"][0] == "unknown", live

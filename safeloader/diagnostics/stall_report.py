@@ -50,6 +50,8 @@ class StallReport:
     """Items the stuck call works on (a Dataset's __getitems__ gets the budget of each)."""
     certain: bool = False
     """Reported before its limit: it waits, unchanged and idle, in a library whose threads it lacks."""
+    waits_in: str | None = None
+    """That library (read from the worker's stack through /proc, without its native stack dumper)."""
 
     @property
     def main_thread(self) -> PythonThread | None:
@@ -85,11 +87,13 @@ def collect(
     watch: WatchedLoader,
     python_signal: int = 0,
     native_signal: int = 0,
+    waits_in: str | None = None,
 ) -> StallReport:
     """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked).
 
     ``python_path``/``native_path``: where its stack dumpers write, None where it has none;
-    ``python_signal``/``native_signal``: the signals the worker chose for them.
+    ``python_signal``/``native_signal``: the signals the worker chose for them; ``waits_in``: the
+    library the watchdog saw its main thread wait in (``Watch.orphaned``), if any.
     """
     python_text, main_ident = "", None
     if python_path is not None and python_signal:
@@ -109,6 +113,7 @@ def collect(
         python_text=python_text,
         native_threads=stacks.native_threads(pid, tids, frames),
         native_available=native_path is not None,
+        waits_in=waits_in,
     )
     report.cause = likely_cause(report, watch)
     return report
@@ -176,6 +181,8 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
         return f"{known.label}: {known.stall} Fix: {fix}."
     main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
     pool = native_pool_cause(main_native, watch)
+    if pool is None and report.waits_in is not None and not (main_native is not None and main_native.frames):
+        pool = _lacking_threads_cause(report.waits_in)  # no native stack (no C extension): what the watchdog saw
     if pool is not None:
         return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
