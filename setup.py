@@ -37,8 +37,8 @@ setup(
     ext_modules=[
         Extension(
             "safeloader._native",
-            ["csrc/_native.c", "csrc/backtrace.c", "csrc/fast_fork.c"],
-            depends=["csrc/backtrace.h", "csrc/fast_fork.h"],  # also what puts them in the sdist
+            ["csrc/_native.c", "csrc/backtrace.c", "csrc/exit_lock.c", "csrc/fast_fork.c"],
+            depends=["csrc/backtrace.h", "csrc/exit_lock.h", "csrc/fast_fork.h"],  # also what puts them in the sdist
             # A header missing from an sdist must fail the build, not compile against a namesake elsewhere.
             extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
         )

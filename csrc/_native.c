@@ -20,6 +20,8 @@
  * - reserve_descriptor_slots(): grow the descriptor table ahead of need (safeloader/_fd_table.py).
  * - descriptor_kinds(): whether a read-only file or a TCP socket is open, allocating nothing
  *   (between a loader start's forks).
+ * - exit_handler_lock(): glibc's exit-handler lock, which the child handler releases when a
+ *   thread of the parent held it at the fork (exit_lock.c).
  * - loaded_objects(): the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -80,6 +82,7 @@
 #include <string.h>
 
 #include "backtrace.h"
+#include "exit_lock.h"
 #include "fast_fork.h"
 
 /* Lock-free atomics are the only shared objects a signal handler may use
@@ -93,6 +96,7 @@ _Static_assert(ATOMIC_LONG_LOCK_FREE == 2, "fork_generation_value must be a lock
 static atomic_ulong fork_generation_value = 0;
 
 static void on_fork_child(void) {
+    sl_exit_lock_on_child(); /* first: another child handler may register an exit handler */
     atomic_fetch_add_explicit(&fork_generation_value, 1, memory_order_relaxed);
     sl_fast_fork_on_child();
 }
@@ -645,6 +649,11 @@ static PyMethodDef methods[] = {
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "
      "in C, which signal.getsignal does not see): 0 for SIG_DFL, 1 for SIG_IGN."},
+    {"exit_handler_lock", sl_exit_handler_lock, METH_NOARGS,
+     "exit_handler_lock($module, /)\n--\n\n"
+     "(address, held_at_fork): where glibc's exit-handler lock is (0: not found), which each fork "
+     "child's handler releases if a thread of the parent held it, and whether it was held when "
+     "this process was forked."},
     {"loaded_objects", loaded_objects, METH_VARARGS,
      "loaded_objects($module, full, release_gil, /)\n--\n\n"
      "((adds, subs) or None, names or None): the dynamic loader's load and unload counters and, "
@@ -703,6 +712,7 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static int atfork_error = 0;  /* pthread_atfork's result, written once inside pthread_once */
 
 static void register_fork_handlers(void) {
+    sl_exit_lock_find();
     atfork_error = pthread_atfork(NULL, NULL, on_fork_child);
 }
 

@@ -1,6 +1,7 @@
 """Pure-Python stand-in for the ``safeloader._native`` C extension.
 
-Same functions, same answers, with one documented gap: the fork counter is
+Same functions, same answers, with two documented gaps: ``exit_handler_lock`` finds
+nothing, so a fork child is not freed of glibc's exit-handler lock; and the fork counter is
 driven by ``os.register_at_fork`` and by the pid changing, so of forks that
 bypass ``os.fork`` (a C library calling ``fork()`` directly) it sees only that
 one happened since it was last read, not how many. The C version counts each.
@@ -258,6 +259,12 @@ def free_signals(count: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def exit_handler_lock() -> tuple[int, bool]:
+    """``(0, False)``: without the C extension glibc's exit-handler lock is neither found nor
+    released in a fork child (a worker waiting for it is named by the stall report)."""
+    return 0, False
 
 
 def signal_handler_address(signum: int) -> int:

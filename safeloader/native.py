@@ -30,6 +30,7 @@ __all__ = [
     "ThreadCensus",
     "descriptor_kinds",
     "descriptor_table",
+    "exit_handler_lock",
     "fast_fork_after_in_parent",
     "fast_fork_arm",
     "fast_fork_before",
@@ -176,6 +177,16 @@ def signal_handler_address(signum: int) -> int:
     Unlike ``signal.getsignal``, it sees handlers installed in C (``faulthandler.register``).
     """
     return int(_impl.signal_handler_address(signum))
+
+
+def exit_handler_lock() -> tuple[int, bool]:
+    """``(address, held_at_fork)``: where glibc's exit-handler lock is (0 where it was not found:
+    another architecture or C library, or the fallback), and whether it was held when this
+    process was forked. With the C extension each fork child releases it if a thread of the
+    parent held it (csrc/exit_lock.c), where the child's first exit-handler registration (a C++
+    static's first use) would otherwise wait for ever."""
+    address, held = _impl.exit_handler_lock()
+    return int(address), bool(held)
 
 
 def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:

@@ -197,6 +197,7 @@ NATIVE_FUNCTIONS = (
     "reserve_descriptor_slots",
     "signal_handler_address",
     "free_signals",
+    "exit_handler_lock",
     "loaded_objects",
     "parse_maps",
     "code_segments",

@@ -216,8 +216,10 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
         others = ", ".join(watch.parent_threads) or "none Python started"
         return (
             "a lock of the C library's own: the worker's main thread waits for one of glibc's internal locks "
-            "(__lll_lock_wait_private: its list of exit handlers, which the first use of a C++ static registers "
-            "with, its environment, its locale...). Another thread of the parent was inside the C library holding "
+            "(__lll_lock_wait_private: its environment's, its locale's...; the lock of its list of exit handlers, "
+            "which the first use of a C++ static takes, safeloader's C extension releases in each worker where it "
+            "finds it: safeloader.native.exit_handler_lock()). Another thread of the parent was inside the C "
+            "library holding "
             "it at the moment of the fork, and glibc makes only some of its locks new in a fork's child, so it "
             f"stays held forever in the worker. Other threads of the parent at fork: {others}. Fix: start the "
             "workers before other threads run native code (loaders started from several threads at once: start "

@@ -1,0 +1,71 @@
+"""A loader started while another thread of the parent holds glibc's exit-handler lock.
+
+__cxa_atexit (a C++ static's first use registers its destructor through it) and
+__cxa_finalize take that lock, and fork() does not make it new in the child: a
+worker forked while another thread held it waits for ever at its first static
+initialisation (torch's own worker does one: torch.set_num_threads(1) builds
+torch's thread pool). The holder here is a thread in __cxa_finalize, called by
+qsort as its comparison function, so that it runs without the GIL for seconds:
+each call takes the lock, then waits for glibc's fork-handler lock, which the
+forking thread holds through the fork, so every fork finds the lock held. Each
+item registers an exit handler, as a C++ library's first use in the worker would.
+
+argv: ``torch`` or ``safeloader`` (whose DataLoader; with ``torch``, safeloader
+is not imported). Prints ``items <list>`` and, for safeloader, ``held at fork
+<list>``: whether the fork of each item's worker found the lock held.
+"""
+
+import ctypes
+import sys
+import threading
+
+import torch
+from torch.utils.data import Dataset
+
+which = sys.argv[1]
+if which == "torch":
+    from torch.utils.data import DataLoader
+else:
+    from safeloader import DataLoader, native
+
+libc = ctypes.CDLL("libc.so.6")
+register_exit_handler = libc["__cxa_atexit"]
+COMPARE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+holding = threading.Event()
+done = threading.Event()
+
+
+def hold_the_exit_handler_lock():
+    # __cxa_finalize(handle) for handles no exit handler was registered with: each call takes
+    # the lock, finds nothing to run, and unregisters the handle's fork handlers (none).
+    # Each call scans every exit handler registered (thousands, after importing torch): a sort
+    # lasts 0.1-1 s, and between sorts the thread waits for the GIL a few ms at most.
+    handles = (ctypes.c_void_p * 8000)()
+    compare = ctypes.cast(libc["__cxa_finalize"], COMPARE)
+    holding.set()
+    while not done.is_set():
+        libc.qsort(handles, len(handles), ctypes.sizeof(ctypes.c_void_p), compare)
+
+
+class RegistersAnExitHandler(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        register_exit_handler(libc.getpid, None, None)  # never run: workers leave through os._exit
+        held = native.exit_handler_lock()[1] if which == "safeloader" else None
+        return torch.tensor([i, int(bool(held))])
+
+
+holder = threading.Thread(target=hold_the_exit_handler_lock)
+holder.start()
+holding.wait()
+try:
+    batches = iter(DataLoader(RegistersAnExitHandler(), batch_size=2, num_workers=2))  # forks the workers
+finally:
+    done.set()  # the lock is free from here on: a worker that still waits for it waits for ever
+    holder.join()
+rows = [row for batch in batches for row in batch]
+print("items", [int(r[0]) for r in rows], flush=True)
+if which == "safeloader":
+    print("held at fork", [bool(r[1]) for r in rows], flush=True)
