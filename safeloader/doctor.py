@@ -49,6 +49,11 @@ def _versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
     found["native extension"] = "built" if native.NATIVE else "not built (pure-Python fallback)"
+    found["exit-handler lock"] = (  # glibc's: see csrc/exit_lock.c
+        "found: each fork child releases it if another thread held it"
+        if native.exit_handler_lock()[0]
+        else "not found: a worker forked while another thread registers an exit handler can hang"
+    )
     return found
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import platform
 import sys
 
 import pytest
+
+import safeloader
 
 from .subproc import check_python, check_script, run_python, run_script
 
@@ -55,6 +58,15 @@ def test_doctor_names_zarrs_pool_as_live_after_a_parent_decode():
     assert "[on ] zarrs" in out and "Start method: workers will be started with 'fork'" in out, out
     for heading in ("Versions:", "Fork hooks and backends", HANDLED):
         assert heading in out, out
+
+
+def test_doctor_says_whether_workers_are_freed_of_glibcs_exit_handler_lock():
+    code = "import safeloader\nsafeloader.doctor()\n"
+    found = "exit-handler lock  found: each fork child releases it"
+    if safeloader.NATIVE and platform.machine() == "x86_64":
+        assert found in check_python(code, timeout=90).stdout
+    missing = "exit-handler lock  not found: a worker forked while another thread registers an exit handler can hang"
+    assert missing in check_python(code, timeout=90, env={"SAFELOADER_DISABLE_NATIVE": "1"}).stdout
 
 
 def test_doctor_without_a_decode_sees_no_zarrs_pool():

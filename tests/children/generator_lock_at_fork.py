@@ -9,14 +9,37 @@ report where the watchdog stopped the workers.
 """
 
 import ctypes
+import os
 import sys
 import threading
 import time
 
 import torch
 
-import safeloader
-from safeloader.backends._generator_lock import default_mutex
+# Each fork while the lock is held, not in a gap between two draws (on a loaded machine the main
+# thread can otherwise take the GIL back between them, or a draw end while safeloader's hooks run):
+# wait until glibc's __lock word says it is held, in the last `before` callback to run before each
+# fork (registered before safeloader is imported: os.register_at_fork runs `before` callbacks
+# last-registered first).
+lock_word = None
+stop = threading.Event()
+
+
+def until_the_lock_is_held():
+    deadline = time.monotonic() + 10
+    while (
+        not stop.is_set()
+        and lock_word is not None
+        and ctypes.c_int.from_address(lock_word).value == 0
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.001)  # the GIL released: the drawing thread starts its next draw
+
+
+os.register_at_fork(before=until_the_lock_is_held)
+
+import safeloader  # noqa: E402
+from safeloader.backends._generator_lock import default_mutex  # noqa: E402
 
 DataLoader = torch.utils.data.DataLoader if sys.argv[1] == "torch" else safeloader.DataLoader
 OPTIONS = {
@@ -34,7 +57,7 @@ class Draws(torch.utils.data.Dataset):
         return i, int(torch.randint(0, 1000, ()).item())  # the worker's generator works too
 
 
-drawing, stop = threading.Event(), threading.Event()
+drawing = threading.Event()
 values = torch.empty(100_000_000)
 
 
@@ -47,12 +70,7 @@ def draw():
 thread = threading.Thread(target=draw, daemon=True)
 thread.start()
 drawing.wait()
-# Fork while the lock is held, not in a gap between two draws (on a loaded machine the main thread
-# can otherwise take the GIL back between them): wait until glibc's __lock word says it is held.
 lock_word = default_mutex()
-deadline = time.monotonic() + 10
-while lock_word is not None and ctypes.c_int.from_address(lock_word).value == 0 and time.monotonic() < deadline:
-    time.sleep(0.001)
 loader = DataLoader(Draws(), batch_size=1, num_workers=2, **OPTIONS[sys.argv[1]])
 try:
     batches = iter(loader)  # the workers are forked here

@@ -15,9 +15,11 @@ import psutil
 import torch
 import torch.utils.data._utils.pin_memory as pin_module
 
-import safeloader
-
 which = sys.argv[1]
+# Not imported for torch's loader: safeloader's C extension frees every fork child of the lock
+# (csrc/exit_lock.c), torch's loader's workers included.
+if which == "safeloader":
+    import safeloader
 libc = ctypes.CDLL(None)
 cxa_atexit, cxa_finalize = libc.__cxa_atexit, libc.__cxa_finalize
 cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

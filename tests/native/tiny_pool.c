@@ -6,13 +6,15 @@
 #include <pthread.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t work = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER, up = PTHREAD_COND_INITIALIZER;
 static long task, result;
-static int pending, finished, started;
+static int pending, finished, started, ready;
 
 static void *pool_thread(void *unused) {
     (void)unused;
     pthread_mutex_lock(&lock);
+    ready++;
+    pthread_cond_broadcast(&up);
     for (;;) {
         while (!pending) pthread_cond_wait(&work, &lock);
         pending = 0;
@@ -30,6 +32,9 @@ int pool_start(int threads) {
         if (pthread_create(&thread, 0, pool_thread, 0) != 0) break;
         pthread_detach(thread);
     }
+    /* Every thread inside the pool's code before returning: on a loaded machine one could
+     * otherwise still be starting, not yet in this library, when the caller forks. */
+    while (ready < started) pthread_cond_wait(&up, &lock);
     pthread_mutex_unlock(&lock);
     return started;
 }
@@ -39,7 +44,9 @@ void pool_forget_threads(void) {
     pthread_mutex_init(&lock, 0);  /* the parent's waiters are counted in these: made new */
     pthread_cond_init(&work, 0);
     pthread_cond_init(&done, 0);
+    pthread_cond_init(&up, 0);
     started = 0;
+    ready = 0;
     pending = 0;
 }
 
