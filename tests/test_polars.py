@@ -36,8 +36,11 @@ def test_parent_that_never_started_the_pool_keeps_the_inherited_module(tmp_path)
     assert check_script("polars_scenario.py", "never-started", timeout=60).stdout.strip() == "[2, 2]"
 
 
-def test_stall_report_names_polars_rayon_pool_when_the_backend_is_off(tmp_path):
-    out = check_script("polars_scenario.py", "stall-report", tmp_path, timeout=90).stdout
+# "fallback": without the C extension's native stacks, the report reads what the worker's
+# innermost stack points into through /proc.
+@pytest.mark.parametrize("env", [{}, {"SAFELOADER_DISABLE_NATIVE": "1"}], ids=["extension", "fallback"])
+def test_stall_report_names_polars_rayon_pool_when_the_backend_is_off(tmp_path, env):
+    out = check_script("polars_scenario.py", "stall-report", tmp_path, timeout=90, env=env).stdout
     assert "polars' rayon pool, inherited without its threads" in out, out
     assert "_polars_runtime" in out and "disable_hooks" in out, out  # where it waits, and the fix
 

@@ -53,7 +53,8 @@ def test_lock_held_by_parent_thread_at_fork_raises_naming_the_frame_and_cause():
     assert STALL <= elapsed < STALL + 30, elapsed
     assert "DataLoader worker" in message and "__getitem__" in message, message
     assert "lock" in message.split("Likely cause:", 1)[1] and "lock-holder" in message, message
-    assert "Native stack of the main thread" in message and "libpython" in message, message
+    if safeloader.NATIVE:  # the extension's stack dumper (a run without it: SAFELOADER_REQUIRE_NATIVE=0)
+        assert "Native stack of the main thread" in message and "libpython" in message, message
     assert leftover == "[]", f"workers left running: {leftover}"
 
 
@@ -66,8 +67,11 @@ def test_real_zarrs_hang_with_the_zarrs_backend_disabled_is_named():
     assert 2 * STALL <= elapsed < 2 * STALL + 30, elapsed
     assert "__getitem__" in message, message
     cause = message.split("Likely cause:", 1)[1]
-    assert cause.startswith(" zarrs' rayon pool: the worker waits for rayon's") and "disable_hooks" in cause, message
-    assert "zarrs/_internal" in message, message  # a native frame in zarrs' Rust library
+    if safeloader.NATIVE:  # its native frames, in zarrs' Rust library, name the pool
+        assert cause.startswith(" zarrs' rayon pool: the worker waits for rayon's") and "disable_hooks" in cause
+        assert "zarrs/_internal" in message, message
+    else:  # its innermost stack shows only Python's waits: the parent's threads it lacks are named
+        assert cause.startswith(" a lock that is never released") and "zarr_io" in cause, message
     assert leftover == "[]", f"workers left running: {leftover}"
 
 

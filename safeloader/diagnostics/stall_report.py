@@ -52,6 +52,9 @@ class StallReport:
     """Reported before its limit: it waits, unchanged and idle, in a library whose threads it lacks."""
     waits_in: str | None = None
     """That library (read from the worker's stack through /proc, without its native stack dumper)."""
+    stack_objects: tuple[str, ...] = ()
+    """Without native stacks (no C extension): the loaded objects whose code the main thread's
+    innermost stack points into, innermost first, read through /proc (C runtimes left out)."""
 
     @property
     def main_thread(self) -> PythonThread | None:
@@ -114,6 +117,7 @@ def collect(
         native_threads=stacks.native_threads(pid, tids, frames),
         native_available=native_path is not None,
         waits_in=waits_in,
+        stack_objects=() if native_path is not None else _objects_on_stack(pid),
     )
     report.cause = likely_cause(report, watch)
     return report
@@ -135,7 +139,14 @@ def _hook_state(name: str, watch: WatchedLoader) -> str:
 
 
 def _libraries(report: StallReport) -> set[str]:
-    return {lib for thread in report.native_threads for lib, _ in thread.frames}
+    return {lib for thread in report.native_threads for lib, _ in thread.frames} | set(report.stack_objects)
+
+
+def _objects_on_stack(pid: int) -> tuple[str, ...]:
+    from . import thread_owners
+
+    found = dict.fromkeys(thread_owners.objects_on_stack(pid))  # each once, innermost first
+    return tuple(name for name in found if not os.path.basename(name).startswith(("libpython", "python")))
 
 
 def short_library(path: str) -> str:
@@ -181,12 +192,15 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
         return f"{known.label}: {known.stall} Fix: {fix}."
     main_native = next((t for t in report.native_threads if t.tid == report.pid), None)
     pool = native_pool_cause(main_native, watch)
-    if pool is None and report.waits_in is not None and not (main_native is not None and main_native.frames):
-        pool = _lacking_threads_cause(report.waits_in)  # no native stack (no C extension): what the watchdog saw
+    if pool is None and not (main_native is not None and main_native.frames):
+        # No native stack (no C extension): where the watchdog saw it wait, or what its stack points into.
+        waits_in = report.waits_in or next(iter(report.stack_objects), None)
+        pool = _pool_cause(waits_in, [], watch) if waits_in is not None else None
     if pool is not None:
         return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
-    if _in_torch_random(main_files, main_symbols):
+    in_futex = main_native is not None and "futex" in main_native.kernel_wait
+    if _in_torch_random(main_files, main_symbols, report.native_available or not in_futex):
         return (
             "torch's random generator lock: the worker's main thread waits for the lock of torch's default CPU "
             "generator (torch.manual_seed or a random op). Another thread of the parent was inside a CPU random op "
@@ -194,7 +208,7 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             f"forever in the worker. Fix: {_hook_state(hook_names.TORCH, watch)} (it makes that lock new in each "
             "worker), or keep other threads from drawing random numbers on the CPU while workers start."
         )
-    if _in_numpy_random(main_native, main_symbols):
+    if _in_numpy_random(main_native, main_symbols) or (in_futex and _numpy_random_on_stack(report)):
         return (
             "numpy's global random generator lock: the worker's main thread waits for the lock of numpy's global "
             "RandomState (np.random.seed, which torch's worker loop calls, or an np.random.* draw). Another thread "
@@ -225,7 +239,6 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             "workers before other threads run native code (loaders started from several threads at once: start "
             "one first), or start them with a forkserver (multiprocessing_context='forkserver')."
         )
-    in_futex = main_native is not None and "futex" in main_native.kernel_wait
     in_lock = (
         any("PyThread_acquire_lock" in s or "sem_wait" in s or "sem_clockwait" in s for s in main_symbols)
         or (bool(main_files) and (main_files[0].endswith("threading.py") or _waits_on_lock(report)))
@@ -257,13 +270,18 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
     """
     if main is None or not main.frames:
         return None
-    from . import native_pools
 
     library = next((lib for lib, _ in main.frames if not any(s in lib for s in stacks.SYSTEM_LIBRARIES)), None)
     if library is None:
         return None
-    kinds = native_pools.runtimes_in_symbols([symbol for lib, symbol in main.frames if lib == library])
-    kinds = kinds or native_pools.runtimes(library)
+    return _pool_cause(library, [symbol for lib, symbol in main.frames if lib == library], watch)
+
+
+def _pool_cause(library: str, symbols: list[str], watch: WatchedLoader) -> str | None:
+    """The worker waits in ``library`` (its frames there named by ``symbols``, where known)."""
+    from . import native_pools
+
+    kinds = native_pools.runtimes_in_symbols(symbols) or native_pools.runtimes(library)
     if not kinds:
         return _lacking_threads_cause(library)
     owner = native_pools.owner(library)
@@ -318,10 +336,11 @@ def _parent_thread_names() -> str:
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
 
 
-def _in_torch_random(main_files: list[str], main_symbols: list[str]) -> bool:
-    """Whether the main thread waits on a mutex inside torch's random module (manual_seed, seed)."""
+def _in_torch_random(main_files: list[str], main_symbols: list[str], by_symbols: bool = True) -> bool:
+    """Whether the main thread waits on a mutex inside torch's random module (manual_seed, seed);
+    without ``by_symbols`` (no native stack, a futex wait) the Python frames alone say it."""
     in_random = any(f.endswith(os.path.join("torch", "random.py")) for f in main_files[:3])
-    return in_random and any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols)
+    return in_random and (not by_symbols or any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols))
 
 
 def _in_numpy_random(main: NativeThread | None, main_symbols: list[str]) -> bool:
@@ -329,6 +348,11 @@ def _in_numpy_random(main: NativeThread | None, main_symbols: list[str]) -> bool
     if main is None or not any("PyThread_acquire_lock" in symbol for symbol in main_symbols):
         return False
     return any(os.path.join("numpy", "random") in library for library, _ in main.frames[:12])
+
+
+def _numpy_random_on_stack(report: StallReport) -> bool:
+    """Without native stacks: whether numpy.random's code is on the main thread's stack."""
+    return any(os.path.join("numpy", "random") in name for name in report.stack_objects[:12])
 
 
 _LOADER_SYMBOLS = ("dlopen", "dl_open", "dl_catch", "dl_map_object", "libc_dlopen", "dl_open_worker")

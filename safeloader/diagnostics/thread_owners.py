@@ -253,6 +253,19 @@ def _is_running(tid: int) -> bool:
         return False
 
 
+def objects_on_stack(pid: int) -> list[str]:
+    """The loaded objects (C runtimes left out) that the innermost 16 KB of the main thread of
+    process ``pid`` (a forked worker of this process) point into, innermost first: where it
+    waits, without its native stack dumper. Empty if it runs or cannot be read."""
+    blocked = _blocked_at(f"/proc/{pid}/syscall")
+    if blocked is None:
+        return []
+    try:
+        return _objects_on(_memory(str(pid), blocked[1], 16384), _mappings())
+    except OSError:
+        return []
+
+
 def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
     """Whether the main thread of process ``pid`` (a forked worker of this process) waits inside
     one of ``libraries``: (its system call line, the library, the process's CPU ticks so far), or
