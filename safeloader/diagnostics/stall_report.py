@@ -233,11 +233,10 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
             "(__lll_lock_wait_private: its environment's, its locale's...; the lock of its list of exit handlers, "
             "which the first use of a C++ static takes, safeloader's C extension releases in each worker where it "
             "finds it: safeloader.native.exit_handler_lock()). Another thread of the parent was inside the C "
-            "library holding "
-            "it at the moment of the fork, and glibc makes only some of its locks new in a fork's child, so it "
-            f"stays held forever in the worker. Other threads of the parent at fork: {others}. Fix: start the "
-            "workers before other threads run native code (loaders started from several threads at once: start "
-            "one first), or start them with a forkserver (multiprocessing_context='forkserver')."
+            "library holding it at the moment of the fork, and glibc makes only some of its locks new in a fork's "
+            f"child, so it stays held forever in the worker. Other threads of the parent at fork: {others}. Fix: "
+            "start the workers before other threads run native code (loaders started from several threads at once: "
+            "start one first), or start them with a forkserver (multiprocessing_context='forkserver')."
         )
     in_lock = (
         any("PyThread_acquire_lock" in s or "sem_wait" in s or "sem_clockwait" in s for s in main_symbols)
@@ -270,7 +269,6 @@ def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | 
     """
     if main is None or not main.frames:
         return None
-
     library = next((lib for lib, _ in main.frames if not any(s in lib for s in stacks.SYSTEM_LIBRARIES)), None)
     if library is None:
         return None
