@@ -256,3 +256,25 @@ def test_the_backend_finds_every_pool_threadpoolctls_whole_scan_finds_a_linked_l
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["copy"] in report["whole"]
     assert report["found"] == report["whole"]
+
+
+def test_without_threadpoolctl_a_live_openmp_pool_is_refused_with_the_command_that_installs_it():
+    # A user's environment without the extra: the backend cannot limit GNU OpenMP in the workers,
+    # and the refusal says why and how to get it (it said only "its backend 'threadpools' is off").
+    code = """
+import importlib.util
+
+find_spec = importlib.util.find_spec  # threadpoolctl not found, as where it is not installed
+importlib.util.find_spec = lambda name, *args: None if name == "threadpoolctl" else find_spec(name, *args)
+import torch, safeloader
+torch.set_num_threads(2)
+torch.ones(2_000_000).sum()  # GNU OpenMP's pool live in the parent
+try:
+    print(list(safeloader.DataLoader(list(range(4)), num_workers=1, on_unsafe_fork="raise")))
+except safeloader.UnsafeForkError as error:
+    print(error)
+"""
+    out = check_python(code, timeout=60).stdout
+    assert out.startswith("safeloader: DataLoader workers would be forked from a process holding GNU OpenMP"), out
+    assert "its backend 'threadpools' is off: threadpoolctl is not installed" in out, out
+    assert "(pip install torch-safeloader[threadpoolctl])" in out, out

@@ -183,12 +183,16 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
                 _owners.append(hazard.package)
     if not _backend_active(hook_names.THREADPOOLS, options):
         from .. import forkstate
+        from ..backends import threadpools
 
         state = forkstate.snapshot(pools=False, count_frozen=False)
+        # Off because threadpoolctl is missing: say so, with the command that installs it.
+        why = threadpools.status().partition("inactive: ")[2]
+        note = "its backend 'threadpools' is off" + (f": {why}" if why else "")
         for path in state.gomp_live:
             name = os.path.basename(path)
             what = f"GNU OpenMP ({name}) with live pool threads"
-            found.append(Hazard(path, name, 1, what, "its backend 'threadpools' is off"))
+            found.append(Hazard(path, name, 1, what, note))
     return found, attributed, per_loader
 
 
