@@ -200,7 +200,7 @@ def likely_cause(report: StallReport, watch: WatchedLoader) -> str:
         return pool
     main_symbols = [symbol for _, symbol in main_native.frames] if main_native else []
     in_futex = main_native is not None and "futex" in main_native.kernel_wait
-    if _in_torch_random(main_files, main_symbols, report.native_available or not in_futex):
+    if _in_torch_random(main_files, main_symbols, frames_suffice=not report.native_available and in_futex):
         return (
             "torch's random generator lock: the worker's main thread waits for the lock of torch's default CPU "
             "generator (torch.manual_seed or a random op). Another thread of the parent was inside a CPU random op "
@@ -334,11 +334,11 @@ def _parent_thread_names() -> str:
     return ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
 
 
-def _in_torch_random(main_files: list[str], main_symbols: list[str], by_symbols: bool = True) -> bool:
+def _in_torch_random(main_files: list[str], main_symbols: list[str], frames_suffice: bool = False) -> bool:
     """Whether the main thread waits on a mutex inside torch's random module (manual_seed, seed);
-    without ``by_symbols`` (no native stack, a futex wait) the Python frames alone say it."""
+    with ``frames_suffice`` (no native stack, a futex wait) its Python frames alone say so."""
     in_random = any(f.endswith(os.path.join("torch", "random.py")) for f in main_files[:3])
-    return in_random and (not by_symbols or any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols))
+    return in_random and (frames_suffice or any(symbol.startswith("pthread_mutex_lock") for symbol in main_symbols))
 
 
 def _in_numpy_random(main: NativeThread | None, main_symbols: list[str]) -> bool:

@@ -261,9 +261,14 @@ def objects_on_stack(pid: int) -> list[str]:
     if blocked is None:
         return []
     try:
-        return _objects_on(_memory(str(pid), blocked[1], 16384), _mappings())
+        return _objects_below(pid, blocked[1])
     except OSError:
         return []
+
+
+def _objects_below(pid: int, stack_pointer: int) -> list[str]:
+    """``_objects_on`` the innermost 16 KB of a stack of process ``pid``; OSError where unreadable."""
+    return _objects_on(_memory(str(pid), stack_pointer, 16384), _mappings())
 
 
 def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
@@ -279,10 +284,10 @@ def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
         ticks = int(stat[11]) + int(stat[12])  # utime + stime (fields 14 and 15)
         if blocked is None:
             return None
-        data = _memory(str(pid), blocked[1], 16384)
+        objects = _objects_below(pid, blocked[1])
     except (OSError, ValueError, IndexError):
         return None
-    for name in _objects_on(data, _mappings()):
+    for name in objects:
         if name in libraries:
             return blocked[0], name, ticks
     return None
