@@ -34,12 +34,21 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c 
 
 setup: $(VENV)/.installed
 
+# Installed with uv (itself from the package index), not pip, for disk space: torch's default build
+# is about 3.6 GB of wheels and 5 GB unpacked. pip keeps every downloaded wheel until the end
+# of the install, and a copy in its cache: 10.6 GB at the peak without the cache, about 14 GB
+# with it (CI once ran out of disk here). uv unpacks each wheel once into its cache and
+# hard-links it into the venv: 7.0 GB at the peak. The cache is kept inside the venv, on the
+# same file system (hard links need that), and removed after the install. --no-config: no uv
+# configuration of this machine's either; --compile-bytecode: see COMPILE above.
 $(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
 	@test -n "$(PYTHON_LATEST)" || { echo "make test-latest: no Python 3.13 found (set PYTHON_LATEST)"; exit 1; }
 	rm -rf $(VENV_LATEST)
 	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --upgrade -e '.[test,bench,docs]'
+	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --no-cache-dir uv
+	UV_CACHE_DIR=$(VENV_LATEST)/uv-cache UV_LINK_MODE=hardlink $(PY_LATEST) -m uv pip install \
+	    --quiet --no-config --compile-bytecode --python $(PY_LATEST) -e '.[test,bench,docs]'
+	rm -rf $(VENV_LATEST)/uv-cache
 	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
 	touch $@
 
@@ -64,11 +73,16 @@ test-latest: setup-latest
 	$(PY_LATEST) -m compileall -q safeloader tests benchmarks
 	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline and not tooling"
 
-# The pins resolve on the public package index alone (metadata only, nothing installed):
-# catches a pin that only a local wheel folder or pip configuration could satisfy.
+# The pins resolve on the public package index alone: catches a pin that only a local wheel
+# folder or pip configuration could satisfy. uv's resolver (no configuration, no cache) reads
+# metadata only; `pip install --dry-run` downloads every wheel it picks (3.3 GB of torch's CUDA
+# packages) before it reports. uv comes from the package index into build/check-pins.
 check-pins:
-	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= $(PYTHON) -m pip install --quiet --dry-run \
-	    --ignore-installed --report /dev/null -c constraints.txt '.[test,bench,docs]' $(BENCH_IMPORTS)
+	$(PYTHON) -m venv build/check-pins
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= build/check-pins/bin/python -m pip install \
+	    --quiet --no-cache-dir uv
+	printf '%s\n' '.[test,bench,docs]' $(BENCH_IMPORTS) | build/check-pins/bin/python -m uv pip compile \
+	    --quiet --no-config --no-cache --python $(PYTHON) -c constraints.txt -o /dev/null -
 
 # sdist + wheel installed in a fresh venv with and without a C compiler, then a smoke test.
 check-packaging: setup
