@@ -18,37 +18,43 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 .PHONY: demo test test-latest check-pins check-packaging bench bench-imports docs setup setup-latest clean
 
 # The newest stack: Python 3.13 (pyenv's, or PYTHON_LATEST=/path/to/python3.13), nothing pinned.
-# PIP_CONSTRAINT=/dev/null overrides a machine-wide pip constraint file (these machines cap torch).
 PYTHON_LATEST ?= $(shell scripts/find-python313)
 VENV_LATEST := .venv-latest
 PY_LATEST := $(VENV_LATEST)/bin/python
 
+# INSTALL: both venvs are filled by uv (itself installed from the package index by the venv's
+# pip), for disk space and time. torch's default build is about 3.6 GB of wheels and 5 GB
+# unpacked: pip keeps every downloaded wheel until the end of the install, and a copy in its
+# cache (10.6 GB at the peak without the cache, about 14 GB with it: CI once ran out of disk),
+# where uv unpacks each wheel once into its cache and hard-links it into the venv (7.0 GB at the
+# peak). The pinned set-up takes 38 s instead of pip's 87 s, with the same versions. The cache
+# lives inside the venv (hard links need the same file system) and is removed after the install.
+# uv reads no configuration (--no-config) and no pip settings; like pip it looks in a wheel
+# folder named by PIP_FIND_LINKS, if set. --compile-bytecode: see COMPILE below.
+# $(call uv_install,VENV,EXTRA ARGUMENTS)
+define uv_install
+	$(1)/bin/python -m pip install --quiet uv
+	UV_CACHE_DIR=$(1)/uv-cache UV_LINK_MODE=hardlink $(1)/bin/python -m uv pip install --quiet --no-config \
+	    --compile-bytecode --python $(1)/bin/python $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
+	    $(2) -e '.[test,bench,docs]'
+	rm -rf $(1)/uv-cache
+endef
+
 # COMPILE: where PYTHONDONTWRITEBYTECODE is set (as on CI) Python writes no .pyc, so every test child
-# would compile every module it imports again: pip compiles the installed packages at install (keep
-# it: no --no-compile), and `make test` compiles this checkout's own (about 0.1 s per child).
+# would compile every module it imports again: the installed packages are compiled at install,
+# and `make test` compiles this checkout's own (about 0.1 s per child).
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,bench,docs]'
+	$(call uv_install,$(VENV),-c constraints.txt)
 	touch $@
 
 setup: $(VENV)/.installed
 
-# Installed with uv (itself from the package index), not pip, for disk space: torch's default build
-# is about 3.6 GB of wheels and 5 GB unpacked. pip keeps every downloaded wheel until the end
-# of the install, and a copy in its cache: 10.6 GB at the peak without the cache, about 14 GB
-# with it (CI once ran out of disk here). uv unpacks each wheel once into its cache and
-# hard-links it into the venv: 7.0 GB at the peak. The cache is kept inside the venv, on the
-# same file system (hard links need that), and removed after the install. --no-config: no uv
-# configuration of this machine's either; --compile-bytecode: see COMPILE above.
 $(VENV_LATEST)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h)
 	@test -n "$(PYTHON_LATEST)" || { echo "make test-latest: no Python 3.13 found (set PYTHON_LATEST)"; exit 1; }
 	rm -rf $(VENV_LATEST)
 	$(PYTHON_LATEST) -m venv $(VENV_LATEST)
-	PIP_CONSTRAINT=/dev/null $(PY_LATEST) -m pip install --quiet --no-cache-dir uv
-	UV_CACHE_DIR=$(VENV_LATEST)/uv-cache UV_LINK_MODE=hardlink $(PY_LATEST) -m uv pip install \
-	    --quiet --no-config --compile-bytecode --python $(PY_LATEST) -e '.[test,bench,docs]'
-	rm -rf $(VENV_LATEST)/uv-cache
+	$(call uv_install,$(VENV_LATEST),)
 	$(PY_LATEST) -m pip list 2>/dev/null | grep -iE '^(torch|torchdata|numpy|zarr|zarrs|numcodecs|h5py|lightning|threadpoolctl) '
 	touch $@
 
