@@ -1,9 +1,10 @@
 """Ray Train (2 CPU workers) trains on ZarrBlocks; each rank's prepare_data_loader loader forks
 2 workers after the rank decoded the array.
 
-argv: the output folder; ``install`` (safeloader.install() at the top of the training
-function) or ``torch``. Each rank writes rank-<rank>.json; armed workers append their pid to
-armed-<rank's pid>.
+argv: the output folder, then the runs, in order, in one Ray session (starting Ray is most of
+the cost): ``torch`` (the user's loader as it is) and/or ``install`` (safeloader.install() at the
+top of the training function). Each run prints ``@@<run> ok`` or ``@@<run> failed: <error>``;
+each rank writes <run>/rank-<rank>.json; armed workers append their pid to <run>/armed-<rank's pid>.
 """
 
 import json
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader
 from tests.children.zarr_blocks import ZarrBlocks, matches_direct_read, record_armed_worker
 from tests.zarrs_data import write_arrays
 
-OUT, MODE = sys.argv[1], sys.argv[2]
+OUT, RUNS = sys.argv[1], sys.argv[2:]
 PATH = write_arrays(OUT)["plain"]
 
 
@@ -56,12 +57,20 @@ ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
 try:
     dataset = ZarrBlocks(PATH)
     dataset[0]  # the driver reads too, as users check their data
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"dataset": dataset, "install": MODE == "install", "out": OUT},
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(storage_path=os.path.join(OUT, "ray"), name="run"),
-    )
-    trainer.fit()
+    for run in RUNS:
+        out = os.path.join(OUT, run)
+        os.makedirs(out)
+        trainer = TorchTrainer(
+            train_loop,
+            train_loop_config={"dataset": dataset, "install": run == "install", "out": out},
+            scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=os.path.join(OUT, "ray"), name=run),
+        )
+        try:
+            trainer.fit()
+        except Exception as error:  # Ray Train's error carries the rank's traceback
+            print(f"@@{run} failed: {error!r}", flush=True)
+        else:
+            print(f"@@{run} ok", flush=True)
 finally:
     ray.shutdown()
