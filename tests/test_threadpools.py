@@ -278,3 +278,6 @@ except safeloader.UnsafeForkError as error:
     assert out.startswith("safeloader: DataLoader workers would be forked from a process holding GNU OpenMP"), out
     assert "its backend 'threadpools' is off: threadpoolctl is not installed" in out, out
     assert "(pip install torch-safeloader[threadpoolctl])" in out, out
+    # What a forked worker suffers from GNU OpenMP is known: said as a fact, no "check it yourself".
+    assert "a worker that uses it waits forever (torch's own loader hangs there too)" in out, out
+    assert "you checked that" not in out, out

@@ -66,6 +66,10 @@ def test_by_default_an_unpicklable_dataset_raises_before_any_worker_starts(tiny_
                           "libtinypool.so's native threads (2 live threads)"), out
     assert "the Dataset does not pickle (TypeError: cannot pickle '_thread.lock' object)" in out, out
     assert "lazily (in __getitem__ or worker_init_fn)" in out and "on_unsafe_fork='ignore'" in out, out
+    # A pool of its own that safeloader does not know may cope with fork (onnxruntime's intra-op
+    # pool does, its inter-op pool does not): the error says so, and how to go on where it does.
+    assert "a worker that uses it may wait forever: safeloader does not know whether" in out, out
+    assert "'ignore' if the workers never use it or you checked that libtinypool.so works in forked workers" in out
 
 
 def test_raise_policy_raises_even_when_the_dataset_pickles(tiny_pool):

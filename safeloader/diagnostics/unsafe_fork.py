@@ -40,6 +40,10 @@ class Hazard:
     what: str  # "duckdb's native threads", "polars' rayon pool and tokio runtime"
     note: str = ""  # what the table knows: how it fails, its own fork-safe setting
     aborts: bool = False  # the library itself terminates a forked child that uses it
+    # What it does in a forked worker is known (a table entry; a rayon, tokio or OpenMP runtime).
+    # Unknown: a C/C++ pool of its own, which may cope with fork (onnxruntime's intra-op pool
+    # does: the caller runs what no thread took) or not (its inter-op pool waits forever).
+    known: bool = True
 
     def __str__(self) -> str:
         return f"{self.what} ({self.threads} live thread{'s' if self.threads != 1 else ''})"
@@ -98,7 +102,7 @@ def _hazard(library: str, count: int, options: Options, loader: Any) -> tuple[Ha
     if package != os.path.basename(library):
         what += f" ({os.path.basename(library)})"
     aborts = entry is not None and entry.fork == native_libraries.ABORTS
-    return Hazard(library, package, count, what, note, aborts), per_loader
+    return Hazard(library, package, count, what, note, aborts, known=entry is not None or bool(kinds)), per_loader
 
 
 def _uncovered(backend_name: str, loader: Any) -> tuple[str, bool]:
@@ -245,14 +249,19 @@ def dead_worker_error(error: BaseException, found: tuple[Hazard, ...]) -> Runtim
     )
 
 
+def _checked_yourself(found: list[Hazard]) -> str:
+    unknown = [h.package for h in found if not h.known]
+    return f" or you checked that {' and '.join(unknown)} works in forked workers" if unknown else ""
+
+
 def _remedies(found: list[Hazard]) -> str:
     notes = "".join(f" {h.package}: {h.note}." for h in found if h.note)
     return (
         f"{notes} To keep forked workers: create or open what uses it in each worker, lazily (in "
         "__getitem__ or worker_init_fn), not in the parent; or pass on_unsafe_fork='ignore' if the "
-        "workers never use it. Or pass on_unsafe_fork='forkserver' to start the workers with a "
-        "preloaded forkserver (the Dataset must pickle, the main script needs an `if __name__ == \"__main__\":` "
-        "guard)."
+        f"workers never use it{_checked_yourself(found)}. Or pass on_unsafe_fork='forkserver' to start the "
+        "workers with a preloaded forkserver (the Dataset must pickle, the main script needs an "
+        "`if __name__ == \"__main__\":` guard)."
     )
 
 
@@ -277,6 +286,9 @@ def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...
         else "waits forever, or is terminated by the library (torch's own loader fails there too)"
         if any(hazard.aborts for hazard in found)
         else "waits forever (torch's own loader hangs there too)"
+        if any(hazard.known for hazard in found)
+        else "may wait forever: safeloader does not know whether this library's threads are needed in a "
+        "forked child (where they are, torch's own loader hangs there too)"
     )
     stuck = (
         f"safeloader: DataLoader workers would be forked from a process holding {held}. Nothing resets "
