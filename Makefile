@@ -27,7 +27,7 @@ PY_LATEST := $(VENV_LATEST)/bin/python
 # pip), for disk space and time. torch's default build is about 3.6 GB of wheels and 5 GB
 # unpacked: pip keeps every downloaded wheel until the end of the install, and a copy in its
 # cache (10.6 GB at the peak without the cache, about 14 GB with it: CI once ran out of disk),
-# where uv unpacks each wheel once into its cache and hard-links it into the venv (7.0 GB at the
+# where uv unpacks each wheel once into its cache and hard-links it into the venv (7.3 GB at the
 # peak). The pinned set-up takes 38 s instead of pip's 87 s, with the same versions. The cache
 # lives inside the venv (hard links need the same file system) and is removed after the install.
 # uv reads no configuration (--no-config) and no pip settings; like pip it looks in a wheel
