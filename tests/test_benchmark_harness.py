@@ -110,3 +110,16 @@ def test_thread_contenders_yield_torchs_items_and_stop_on_an_item_that_raises(lo
     failing.fail = True  # an item that raises must fail the epoch, never be dropped (a wrong checksum at best)
     with pytest.raises(Exception):  # noqa: B017  (ValueError from the pool, SPDL's PipelineFailure)
         list(loader(failing, batch_size=3, num_workers=2))
+
+
+def test_first_start_interval_brackets_the_median_and_only_a_straddling_interval_is_indistinguishable():
+    from benchmarks.bench_first_start import bootstrap_interval, verdict
+
+    ratios = [1.02, 0.98, 1.05, 1.01, 0.97, 1.03, 1.00, 0.99, 1.04, 1.02, 0.96, 1.01, 1.00, 1.03, 0.98]
+    low, high = bootstrap_interval(ratios)
+    assert low <= sorted(ratios)[len(ratios) // 2] <= high
+    assert min(ratios) <= low < high <= max(ratios)
+    assert verdict(low, high, 1.10) == "not distinguishable from 1.0"
+    slower = [r + 0.2 for r in ratios]
+    assert verdict(*bootstrap_interval(slower), 1.10) == "above 1.10x"
+    assert verdict(*bootstrap_interval([r + 0.05 for r in ratios]), 1.10) == "within 1.10x"
