@@ -376,6 +376,9 @@ def run(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     finally:
         if args.keep:
+            for name in os.listdir(root):
+                if name.startswith("pymp-"):  # a killed run's, not data
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             print(f"Data kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
