@@ -55,9 +55,10 @@ def test_demo_table_shows_safeloader_correct_for_every_format_and_leaves_no_file
     # What torch does with the same Datasets is shown too: the zarrs one hangs and is killed.
     torch_zarr = next(line for line in progress if FORMATS[0] in line and "torch.utils.data.DataLoader" in line)
     assert "HUNG, killed after 8 s" in torch_zarr, out
-    # The HDF5 file read through a file object: torch's workers share its offset (errors or wrong data).
+    # The HDF5 file read through a file object: torch's workers share its offset (errors, wrong data
+    # or, some runs, a worker that never answers).
     torch_hdf5 = next(line for line in progress if FORMATS[1] in line and "torch.utils.data.DataLoader" in line)
-    assert "FAILED: " in torch_hdf5 or "WRONG DATA" in torch_hdf5, out
+    assert any(shown in torch_hdf5 for shown in ("FAILED: ", "WRONG DATA", "HUNG, killed after 8 s")), out
     assert "safeloader returned correct data for every format" in out, out
     # A failure shows the worker's own exception (type and message), never torch's wrapper line cut short.
     assert "Caught " not in out and "in DataLoader worker" not in out, out
