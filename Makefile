@@ -38,7 +38,7 @@ PY_LATEST := $(VENV_LATEST)/bin/python
 define uv_install
 	@echo "Setting up $(1): torch and the other dependencies from the package index. The first time, from the"
 	@echo "public index: 3.4 GB to download and 7 GB on disk (torch's default build with its CUDA packages),"
-	@echo "from about a minute (fast connection, idle machine) to 15 (slow or busy). Later runs reuse $(1)."
+	@echo "from about a minute (fast connection, idle machine) to 15 minutes (slow or busy). Later runs reuse $(1)."
 	$(1)/bin/python -m pip install --quiet uv
 	UV_CACHE_DIR=$(1)/uv-cache UV_LINK_MODE=hardlink $(1)/bin/python -m uv pip install --no-config \
 	    --compile-bytecode --python $(1)/bin/python $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
