@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo_module.add_arguments(demo)
     doctor = commands.add_parser(
-        "doctor", help="what is live at fork here, which hook handles each, and what will break in workers"
+        "doctor",
+        help="what is live at fork here, which hook handles each, and what will break in workers",
+        description="List what is live in this process that a forked DataLoader worker would inherit (native "
+        "thread pools, open files, CUDA, other threads), which safeloader hook handles each, and what would "
+        "break in a worker, each with its fix. Use --import to import your program's libraries first.",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
     doctor.add_argument(
