@@ -33,9 +33,14 @@ PY_LATEST := $(VENV_LATEST)/bin/python
 # uv reads no configuration (--no-config) and no pip settings; like pip it looks in a wheel
 # folder named by PIP_FIND_LINKS, if set. --compile-bytecode: see COMPILE below.
 # $(call uv_install,VENV,EXTRA ARGUMENTS)
+# Not --quiet: uv prints what it resolved, downloads and installed (the first set-up from the
+# public index is 7 GB and a minute or more: it must not look hung).
 define uv_install
+	@echo "Setting up $(1): torch and the other dependencies from the package index. The first time, from the"
+	@echo "public index: 3.4 GB to download and 7 GB on disk (torch's default build with its CUDA packages),"
+	@echo "from about a minute (fast connection, idle machine) to 15 minutes (slow or busy). Later runs reuse $(1)."
 	$(1)/bin/python -m pip install --quiet uv
-	UV_CACHE_DIR=$(1)/uv-cache UV_LINK_MODE=hardlink $(1)/bin/python -m uv pip install --quiet --no-config \
+	UV_CACHE_DIR=$(1)/uv-cache UV_LINK_MODE=hardlink $(1)/bin/python -m uv pip install --no-config \
 	    --compile-bytecode --python $(1)/bin/python $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
 	    $(2) -e '.[test,bench,docs]'
 	rm -rf $(1)/uv-cache

@@ -10,13 +10,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m safeloader`` and the ``safeloader`` console script."""
     parser = argparse.ArgumentParser(prog="safeloader", description="Fork-safe DataLoader workers for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
+    from . import demo as demo_module  # numpy and argparse: torch, imported with safeloader, has them loaded
+
     demo = commands.add_parser(
-        "demo", help="torch's DataLoader and safeloader's side by side on zarr (zarrs), HDF5 and npz data"
+        "demo",
+        help="torch's DataLoader and safeloader's side by side on zarr (zarrs), HDF5 and npz data",
+        description=demo_module.DESCRIPTION,
     )
-    demo.add_argument("--torch-deadline", type=float, default=None, help="seconds before torch's run counts as hung")
-    demo.add_argument("--keep", action="store_true", help="keep the generated data directory")
+    demo_module.add_arguments(demo)
     doctor = commands.add_parser(
-        "doctor", help="what is live at fork here, which hook handles each, and what will break in workers"
+        "doctor",
+        help="what is live at fork here, which hook handles each, and what will break in workers",
+        description="List what is live in this process that a forked DataLoader worker would inherit (native "
+        "thread pools, open files, CUDA, other threads), which safeloader hook handles each, and what would "
+        "break in a worker, each with its fix. Use --import to import your program's libraries first.",
     )
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
     doctor.add_argument(
@@ -25,12 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        from . import demo as demo_module
-
-        demo_argv = ["--keep"] if args.keep else []
-        if args.torch_deadline is not None:
-            demo_argv += ["--torch-deadline", str(args.torch_deadline)]
-        return demo_module.main(demo_argv)
+        return demo_module.run(args)
     from .doctor import doctor as run_doctor
 
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -149,6 +150,7 @@ def register_at_fork(
     requires: Iterable[str] = (),
     replace: bool = False,
     description: str = "",
+    priority: int | None = None,
 ) -> Hook:
     """Register callbacks to run around each DataLoader worker fork.
 
@@ -172,11 +174,37 @@ def register_at_fork(
     DataLoader workers. ``requires`` names modules that must be imported for
     the hook to run (a backend for a library the program never imported
     costs nothing). ``description`` says in a line what the hook does, for ``doctor``.
+
+    ``priority`` is deprecated (a ``DeprecationWarning``; it will be removed): it was an int, the
+    higher running first in the ``after_*`` phases. A positive one is taken as ``first=True``, a
+    negative one as ``last=True``, 0 as neither; say the order with ``first``, ``last`` or
+    ``runs_after`` instead.
     """
+    if priority is not None:
+        first, last = _from_priority(priority, first, last)
     return _register(
         before, after_in_parent, after_in_child, name, first, last, runs_after, every_fork, requires, replace,
         description, planned=False,
     )
+
+
+def _from_priority(priority: object, first: bool, last: bool) -> tuple[bool, bool]:
+    """(first, last) for the deprecated ``priority`` keyword, with its DeprecationWarning."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RegistrationError(
+            f"priority must be an int, got {priority!r} (and it is deprecated: use first, last or runs_after)"
+        )
+    if first or last:
+        raise RegistrationError("pass first/last or the deprecated priority, not both")
+    taken = "first=True" if priority > 0 else "last=True" if priority < 0 else "neither first nor last"
+    warnings.warn(
+        f"register_at_fork(priority=...) is deprecated and will be removed in a later release; priority={priority} "
+        f"is taken as {taken}. Say the order with the keywords first=True (nearest the fork), last=True "
+        "(farthest from it) or runs_after=(names of the hooks this one must follow,)",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of register_at_fork
+    )
+    return priority > 0, priority < 0
 
 
 def register_planned(

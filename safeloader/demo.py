@@ -6,17 +6,25 @@ opened in ``__init__`` and the parent reads one item first (a sanity check,
 normalisation statistics...). Each Dataset is loaded with 4 forked workers by
 ``torch.utils.data.DataLoader`` and by ``safeloader.DataLoader``, each run in
 its own interpreter with a deadline, so a hang is killed cleanly. Every item
-returned is compared with a direct read of the file. Exit status 0 when every
+returned is compared with a direct read of the file. A format whose libraries
+are not installed (a plain ``pip install`` has neither zarr nor h5py) is
+skipped, naming the extra that installs them. Exit status 0 when every
 safeloader run returned correct data.
+
+Everything the demo writes, its runs' temporary files included (a run killed
+as hung leaves multiprocessing's ``pymp-*`` folder), lives in one temporary
+folder that is removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import re
+import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,22 +34,53 @@ from typing import Any
 
 import numpy as np
 
+# What a run raised, in a line: the worker's own exception, not torch's wrapper.
+from ._demo_errors import describe_error, shorten
+
 ITEMS = 32
 PLANE = (256, 256)
-ZARR_CHUNKS = (1, 64, 64)  # an item spans 16 chunks: zarrs decodes it on its rayon pool
 NUM_WORKERS = 4
 BATCH_SIZE = 4
 TORCH_DEADLINE = 15.0
 SAFELOADER_DEADLINE = 90.0
 SAFELOADER_STALL_TIMEOUT = 20.0
-ERROR_LIMIT = 160  # characters of an error shown in a progress line
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its final NUL)
+EXIT_GRACE = 3.0  # seconds a run that printed its result gets to exit
 CELL_LIMIT = 60  # characters of a table cell
 
 FORMATS = {
     "zarr": "zarr array, zstd, read through zarrs",
-    "hdf5": "HDF5 file, gzip chunks (h5py)",
+    "hdf5": "HDF5 file via a file object (h5py)",
     "npz": "npz archive (np.load)",
 }
+# The modules each format needs, and the extra of torch-safeloader that installs them.
+NEEDS = {"zarr": (("zarr", "zarrs"), "zarr"), "hdf5": (("h5py",), "h5py"), "npz": ((), "")}
+CHUNK = (1, 64, 64)  # an item spans 16 chunks: zarrs decodes it on its rayon pool, h5py makes 16 reads
+
+DESCRIPTION = (
+    "Load three Datasets, each opening its file in __init__ as most people write it (a zarr array read "
+    "through zarrs, an HDF5 file read through a Python file object, an npz archive), with torch's "
+    "DataLoader and with safeloader's, 4 forked workers each, and check every item against a direct "
+    "read. Formats whose libraries are not installed are skipped, naming the extra to install. "
+    "About 40 s. Exit status 0 when safeloader returned correct data for every format it ran."
+)
+
+
+def missing_modules(fmt: str) -> list[str]:
+    """The modules ``fmt`` needs that do not import here (not installed, or broken)."""
+    missing = []
+    for module in NEEDS[fmt][0]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    return missing
+
+
+def install_hint(formats: list[str]) -> str:
+    """The pip command that installs what ``formats`` need, e.g. ``pip install 'torch-safeloader[zarr,h5py]'``."""
+    extras = ",".join(NEEDS[fmt][1] for fmt in formats)
+    return f"pip install 'torch-safeloader[{extras}]'"
 
 
 def expected_item(index: int) -> np.ndarray:
@@ -50,85 +89,30 @@ def expected_item(index: int) -> np.ndarray:
     return plane * 0.25 + index * 1000.0
 
 
-# -- error text ----------------------------------------------------------------------
-
-# torch re-raises a worker's exception in the parent as
-# "Caught X in DataLoader worker process N.\nOriginal Traceback (most recent call last):\n...",
-# the worker's traceback as text, its last unindented lines being "module.X: message".
-_ORIGINAL_TRACEBACK = "Original Traceback (most recent call last):"
-_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::[ ]?(?P<message>.*))?$")
-
-
-def shorten(text: str, limit: int) -> str:
-    """``text`` on one line, at most ``limit`` characters, cut at a word boundary with "..." if longer."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 3]
-    space = cut.rfind(" ")
-    if space > limit // 2:  # else one long word: cut inside it rather than lose most of the text
-        cut = cut[:space]
-    return cut.rstrip(" ,;:.") + "..."
-
-
-def _original_exception(traceback_text: str) -> tuple[str, str] | None:
-    """(type name, message) of the last exception of a formatted traceback, or None."""
-    lines = traceback_text.splitlines()
-    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
-    start = frames[-1] + 1 if frames else 0
-    for i in range(start, len(lines)):
-        line = lines[i]
-        if not line or line.startswith(" "):  # the frame's source line, carets
-            continue
-        match = _EXCEPTION_LINE.match(line)
-        if not match:
-            return None
-        message = [match.group("message") or "", *lines[i + 1 :]]
-        return match.group("type").rsplit(".", 1)[-1], " ".join(part.strip() for part in message if part.strip())
-    return None
-
-
-def describe_error(error: BaseException, limit: int = ERROR_LIMIT) -> str:
-    """The error's type and its own message, e.g. "BadZipFile: Bad magic number for file header".
-
-    For an error torch re-raised from a worker, the worker's original exception
-    (its type and message, from the traceback torch carries as text), not the
-    wrapper's "Caught X in DataLoader worker process N." line. Long messages are
-    cut at a word boundary.
-    """
-    text = str(error).strip()
-    if _ORIGINAL_TRACEBACK in text:
-        original = _original_exception(text.split(_ORIGINAL_TRACEBACK, 1)[1])
-        if original is not None:
-            name, message = original
-            return shorten(f"{name}: {message}" if message else name, limit)
-    name = type(error).__name__
-    return shorten(f"{name}: {text}" if text else name, limit)
-
-
 # -- the data ------------------------------------------------------------------------
 
 
-def write_data(root: str) -> dict[str, str]:
-    """Write the three files under ``root``; returns format -> path."""
-    import h5py
-    import zarr
-    from zarr.codecs import ZstdCodec
-
-    paths = {
-        "zarr": os.path.join(root, "volume.zarr"),
-        "hdf5": os.path.join(root, "volume.h5"),
-        "npz": os.path.join(root, "volume.npz"),
-    }
+def write_data(root: str, formats: list[str]) -> dict[str, str]:
+    """Write the files of ``formats`` under ``root``; returns format -> path."""
+    paths = {"zarr": os.path.join(root, "volume.zarr"), "hdf5": os.path.join(root, "volume.h5")}
+    paths["npz"] = os.path.join(root, "volume.npz")
     stack = np.stack([expected_item(i) for i in range(ITEMS)])
-    array = zarr.create_array(
-        paths["zarr"], shape=stack.shape, chunks=ZARR_CHUNKS, dtype="float32", compressors=ZstdCodec(level=1)
-    )
-    array[:] = stack
-    with h5py.File(paths["hdf5"], "w") as f:
-        f.create_dataset("volume", data=stack, chunks=(1, *PLANE), compression="gzip", compression_opts=1)
-    np.savez(paths["npz"], **{f"item_{i:03d}": stack[i] for i in range(ITEMS)})
-    return paths
+    if "zarr" in formats:
+        import zarr
+        from zarr.codecs import ZstdCodec
+
+        array = zarr.create_array(
+            paths["zarr"], shape=stack.shape, chunks=CHUNK, dtype="float32", compressors=ZstdCodec(level=1)
+        )
+        array[:] = stack
+    if "hdf5" in formats:
+        import h5py
+
+        with h5py.File(paths["hdf5"], "w") as f:
+            f.create_dataset("volume", data=stack, chunks=CHUNK, compression="gzip", compression_opts=1)
+    if "npz" in formats:
+        np.savez(paths["npz"], **{f"item_{i:03d}": stack[i] for i in range(ITEMS)})
+    return {fmt: paths[fmt] for fmt in formats}
 
 
 class ZarrDataset:
@@ -149,12 +133,19 @@ class ZarrDataset:
 
 
 class H5Dataset:
-    """Opens the HDF5 file in ``__init__``, as in the classic h5py-with-DataLoader snippet."""
+    """Opens the HDF5 file in ``__init__`` through a Python file object, as code reading remote or
+    archived HDF5 does (``h5py.File(fsspec.open(url).open())``, ``h5py.File(open(path, "rb"))``).
+
+    Why a file object: opened by its path (HDF5's default ``sec2`` driver), h5py reads with
+    ``pread``, which keeps no shared file offset, and forked workers read correct data. Through a
+    file object (or the ``stdio`` driver) every read is a seek then a read on one offset shared
+    with the parent and the other workers: errors and wrong data under torch's loader.
+    """
 
     def __init__(self, path: str) -> None:
         import h5py
 
-        self.file = h5py.File(path, "r")
+        self.file = h5py.File(open(path, "rb"), "r")  # h5py reads through it, as long as the Dataset lives
         self.volume = self.file["volume"]
 
     def __len__(self) -> int:
@@ -240,31 +231,59 @@ class Outcome:
         }[self.status]
 
 
-def _spawn_run(fmt: str, loader_kind: str, path: str, deadline: float) -> Outcome:
+def _result_line(process: subprocess.Popen[bytes], until: float) -> str | None:
+    """The run's result, its JSON line, as soon as it is printed; None at EOF or at ``until`` (monotonic)."""
+    assert process.stdout is not None
+    buffer = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while (left := until - time.monotonic()) > 0 and selector.select(left):
+            chunk = os.read(process.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            buffer += chunk
+            for line in buffer.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+                if line.startswith("{"):
+                    return line
+    return None
+
+
+def _spawn_run(fmt: str, loader_kind: str, path: str, deadline: float, tmpdir: str) -> Outcome:
+    """One run in its own interpreter, its temporary files (multiprocessing's pymp-* folder) in ``tmpdir``.
+
+    The result counts once printed: a run whose workers failed may then never exit (torch's teardown
+    waiting on a worker), and is killed after EXIT_GRACE seconds rather than shown as hung.
+    """
     command = [sys.executable, "-m", "safeloader.demo", "--child", fmt, loader_kind, path]
     start = time.perf_counter()
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)  # the run and its workers: no orphans
-        process.communicate()
-        return Outcome("hung", time.perf_counter() - start, f"{deadline:g} s")
-    elapsed = time.perf_counter() - start
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    if process.returncode != 0 or not lines:
-        last = (stderr.strip().splitlines() or ["no output"])[-1]
-        return Outcome("crashed", elapsed, f"exit {process.returncode}: {shorten(last, 120)}")
-    result = json.loads(lines[-1])
+    with tempfile.TemporaryFile(dir=tmpdir) as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env={**os.environ, "TMPDIR": tmpdir}
+        )
+        line = _result_line(process, time.monotonic() + deadline)
+        try:
+            process.wait(timeout=EXIT_GRACE if line is not None or process.poll() is not None else 0)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the run and its workers: no orphans
+            process.wait()
+        finally:
+            assert process.stdout is not None
+            process.stdout.close()
+        elapsed = time.perf_counter() - start
+        if line is None and process.returncode == -signal.SIGKILL:
+            return Outcome("hung", elapsed, f"{deadline:g} s")
+        if line is None:
+            stderr.seek(0)
+            last = (stderr.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            return Outcome("crashed", elapsed, f"exit {process.returncode}: {shorten(last, 120)}")
+    result = json.loads(line)
     if result["status"] == "failed":
         return Outcome("failed", result["seconds"], result["error"])
     detail = f"{result['items'] - result['wrong']}/{ITEMS} items match"
     return Outcome(result["status"], result["seconds"], detail)
 
 
-def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
+def _table(rows: list[tuple[str, Outcome, Outcome]], skipped: list[str]) -> str:
     header = ("data", "torch.utils.data.DataLoader", "load time", "safeloader.DataLoader", "load time")
     body: list[tuple[str, ...]] = [
         tuple(
@@ -273,6 +292,7 @@ def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
         )
         for f, t, s in rows
     ]  # long cells cut at a word boundary, never mid-word
+    body += [(FORMATS[f], f"not run: {install_hint([f])}", "", "", "") for f in skipped]
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
@@ -281,52 +301,84 @@ def _table(rows: list[tuple[str, Outcome, Outcome]]) -> str:
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, body)])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="safeloader demo", description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options, on its own parser and on ``safeloader demo``'s."""
     parser.add_argument(
         "--torch-deadline",
         type=float,
         default=TORCH_DEADLINE,
-        help="seconds before torch's run is declared hung and killed (default %(default)s)",
+        metavar="SECONDS",
+        help="seconds before a run of torch's loader counts as hung and is killed (default: %(default)g)",
     )
-    parser.add_argument("--keep", action="store_true", help="keep the generated data directory")
-    args = parser.parse_args(argv)
+    parser.add_argument("--keep", action="store_true", help="keep the generated data folder, and say where it is")
 
-    root = tempfile.mkdtemp(prefix="safeloader-demo-")
-    try:
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m safeloader.demo [options]``."""
+    parser = argparse.ArgumentParser(prog="safeloader demo", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with parsed options (``torch_deadline``, ``keep``); returns the exit status."""
+    formats = [fmt for fmt in FORMATS if not missing_modules(fmt)]
+    skipped = [fmt for fmt in FORMATS if fmt not in formats]
+    for fmt in skipped:
         print(
-            f"Writing {ITEMS} items of {PLANE[0]}x{PLANE[1]} float32 to a zarr array, an HDF5 file and an npz "
-            f"archive in {root} ...",
+            f"Skipping the {FORMATS[fmt]} row: {', '.join(missing_modules(fmt))} not installed "
+            f"({install_hint([fmt])} installs it).",
             flush=True,
         )
-        paths = write_data(root)
+    root = tempfile.mkdtemp(prefix="sl-demo-")
+    # The runs' TMPDIR, so that what a killed run leaves goes with root; not where the Unix socket
+    # a worker sends a batch through (pymp-XXXXXXXX/listener-XXXXXXXX) would pass the kernel's 107 bytes.
+    runs_tmp = root if len(root) + 32 <= MAX_SOCKET_PATH else tempfile.gettempdir()
+    try:
+        print(
+            f"Writing {ITEMS} items of {PLANE[0]}x{PLANE[1]} float32 in each format ({', '.join(formats)}) "
+            f"to {root} ...",
+            flush=True,
+        )
+        paths = write_data(root, formats)
         print(
             f"Each Dataset opens its file in __init__ and the parent reads item 0 first; then {NUM_WORKERS} "
             f"forked workers load every item (batch size {BATCH_SIZE}).\n",
             flush=True,
         )
         rows = []
-        total = len(FORMATS) * 2
+        total = len(formats) * 2
         step = 0
-        for fmt in FORMATS:
+        for fmt in formats:
             outcomes = {}
             for loader_kind, deadline in (("torch", args.torch_deadline), ("safeloader", SAFELOADER_DEADLINE)):
                 step += 1
                 name = "torch.utils.data.DataLoader" if loader_kind == "torch" else "safeloader.DataLoader"
                 print(f"[{step}/{total}] {FORMATS[fmt]} with {name} ... ", end="", flush=True)
-                outcome = _spawn_run(fmt, loader_kind, paths[fmt], deadline)
+                outcome = _spawn_run(fmt, loader_kind, paths[fmt], deadline, runs_tmp)
                 print(f"{outcome.cell} ({outcome.seconds:.1f} s)", flush=True)
                 outcomes[loader_kind] = outcome
             rows.append((fmt, outcomes["torch"], outcomes["safeloader"]))
-        print("\n" + _table(rows) + "\n")
+        print("\n" + _table(rows, skipped) + "\n")
         ok = all(s.status == "correct" for _, _, s in rows)
         if ok:
-            print("safeloader returned correct data for every format (checked item by item against a direct read).")
+            every = "every format" if not skipped else "every format it ran"
+            print(f"safeloader returned correct data for {every} (checked item by item against a direct read).")
         else:
             print("safeloader did NOT return correct data for every format: see the table.")
+        if skipped:
+            print(f"To run the other rows too: {install_hint(skipped)}")
+        if "hdf5" in formats:
+            print(
+                "HDF5: an h5py file opened by its path (the default driver) reads correctly under plain fork too; "
+                "a file object, as here, or driver='stdio' does not."
+            )
         return 0 if ok else 1
     finally:
         if args.keep:
+            for name in os.listdir(root):
+                if name.startswith("pymp-"):  # a killed run's, not data
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             print(f"Data kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)

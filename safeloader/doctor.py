@@ -27,6 +27,14 @@ __all__ = ["collect", "doctor", "format_report"]
 DISTRIBUTIONS = ("torch-safeloader", "torch", "numpy", "zarr", "zarrs", "h5py", "threadpoolctl")
 # Kernel names of threads that never named themselves (they inherit the process's).
 UNNAMED = frozenset({"python", "python3", "pt_main_thread"})
+
+
+def _inherited_names() -> frozenset[str]:
+    """UNNAMED, and the names this process's threads inherit when they name themselves nothing: the
+    program's (``safeloader`` for the console script, ``python3.11``...), which says nothing of the
+    library that started them. The kernel keeps 15 bytes of a name."""
+    program = {os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else ""), os.path.basename(sys.executable)}
+    return UNNAMED | {name[:15] for name in program if name}
 # Libraries whose Python event-loop thread and executors a forked child re-creates by itself,
 # from the library's own os.register_at_fork handler: (module, library/hook name, the handler).
 LOOP_OWNERS = (("zarr.core.sync", "zarr", "reset_resources_after_fork"), ("fsspec.asyn", "fsspec", "reset_after_fork"))
@@ -281,7 +289,7 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
             add("native threads", owner, f"{len(threads)} native thread(s) of {owner}", "harmless", known.by)
             continue
         tids = [t.tid for t in threads]
-        names = sorted({t.name for t in threads} - UNNAMED)
+        names = sorted({t.name for t in threads} - _inherited_names())
         listed = (
             f"(tids {', '.join(map(str, tids[:8]))}{', ...' if len(tids) > 8 else ''}"
             f"{'; named ' + ', '.join(names[:8]) if names else ''})"

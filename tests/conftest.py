@@ -1,9 +1,12 @@
-"""Shared fixtures: every test that forks must leave no process behind."""
+"""Shared fixtures: every test that forks must leave no process behind, and a test session no file."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -12,6 +15,52 @@ import pytest
 import safeloader
 
 from . import subproc
+
+# -- the session's own temporary folder ------------------------------------------------------
+# Children killed at a deadline leave multiprocessing's pymp-* folders (with their listener
+# sockets), tests leave data folders, and Ray, torchelastic, torchinductor and pytest's tmp_path
+# write under the temporary folder: the whole session writes into one folder of its own, made
+# here and removed at the end. Everything honours TMPDIR: pytest-xdist's workers, the children of
+# tests/subproc.py and its warm interpreters inherit it. The name is short: a Unix socket's path
+# (multiprocessing's, Ray's) under it must fit in 107 bytes.
+
+SESSION_TMPDIR = "SAFELOADER_TEST_SESSION_TMPDIR"
+"""Set while a session runs: its temporary folder (TMPDIR), which its controller removes at the end."""
+
+
+def _use_tmpdir(folder: str | None) -> None:
+    if folder is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # tempfile caches its folder: read TMPDIR again
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller made the folder
+        return
+    tempfile.tempdir = None  # this process may have cached a folder before TMPDIR was last set
+    config._safeloader_tmpdir_before = os.environ.get("TMPDIR")
+    folder = tempfile.mkdtemp(prefix="slt-")
+    config._safeloader_session_tmpdir = folder
+    os.environ[SESSION_TMPDIR] = folder
+    _use_tmpdir(folder)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    folder = getattr(config, "_safeloader_session_tmpdir", None)
+    if folder is None:
+        return
+    subproc._close_warm_servers()  # they live in the folder until now
+    for _ in range(20):  # a service a test stopped (Ray's) may still write a last file as it exits
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.exists(folder):
+            break
+        time.sleep(0.1)
+    os.environ.pop(SESSION_TMPDIR, None)
+    _use_tmpdir(config._safeloader_tmpdir_before)
 
 
 def _is_multiprocessing_service(process: psutil.Process) -> bool:

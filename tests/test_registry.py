@@ -82,6 +82,24 @@ def test_hooks_order_is_first_then_registration_then_last():
     assert user_names() == ["t.most-urgent", "t.urgent", "t.first", "t.second", "t.late"]
 
 
+def test_the_removed_priority_keyword_still_orders_hooks_with_a_deprecation_warning_naming_the_new_keywords():
+    # Code written against the earlier keyword (higher priority ran first in the after_* phases).
+    with pytest.warns(DeprecationWarning, match=r"priority.*deprecated.*first=True.*last=True.*runs_after") as caught:
+        safeloader.register_at_fork(before=noop, name="t.early", priority=10)
+    assert caught[0].filename == __file__  # points at the caller's line
+    with pytest.warns(DeprecationWarning, match="priority=-5 is taken as last=True"):
+        safeloader.register_at_fork(before=noop, name="t.late", priority=-5)
+    with pytest.warns(DeprecationWarning, match="priority=0 is taken as neither"):
+        safeloader.register_at_fork(before=noop, name="t.plain", priority=0)
+    safeloader.register_at_fork(before=noop, name="t.new")
+    assert user_names() == ["t.early", "t.plain", "t.new", "t.late"]
+    assert safeloader.hooks()[0].name == "t.early"  # first=True: nearest the fork
+    with pytest.raises(RegistrationError, match="priority must be an int"):
+        safeloader.register_at_fork(before=noop, name="t.bad", priority="high")
+    with pytest.raises(RegistrationError, match="not both"):
+        safeloader.register_at_fork(before=noop, name="t.both", priority=1, last=True)
+
+
 def test_a_hook_runs_after_the_hooks_it_names_wherever_they_are_registered():
     safeloader.register_at_fork(before=noop, name="t.reader", runs_after=("t.opener", "t.absent"))
     safeloader.register_at_fork(before=noop, name="t.other")
