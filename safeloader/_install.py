@@ -1,7 +1,20 @@
-"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly."""
+"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly.
+
+``install()`` and ``uninstall()`` may be called from any thread (trainer threads each arming
+the process, one thread toggling while others start loaders): each checks and patches under
+one lock, so two of them never both find torch unpatched and save the first one's patch as
+torch's method (every start then recursed, and ``uninstall()`` found nothing to restore).
+The patched ``_get_iterator`` holds torch's method itself, captured when it was patched, and
+looks up nothing that ``uninstall()`` removes: a start already inside it when another thread
+uninstalls completes, armed, with torch's method.
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -14,11 +27,41 @@ from ._torch_loader_pickling import reduce_torch_loader
 from .backends.pin_memory import remove_gate as remove_pin_memory_gate
 
 _TorchDataLoader = torch.utils.data.dataloader.DataLoader
-_saved: dict[str, Any] = {}
+
+_lock = threading.RLock()
+"""Held while ``install()``/``uninstall()`` check and patch. Re-entrant: a signal handler (or a
+hook) on the thread inside one of them may call the other."""
 
 
-def _armed_get_iterator(self: Any) -> Any:
-    return start_armed(self, lambda: _saved["get_iterator"](self))
+@dataclass(frozen=True)
+class _Patch:
+    """What ``install()`` replaced on torch's class, for ``uninstall()`` to put back."""
+
+    get_iterator: Callable[..., Any]
+    reduce_ex: Any  # torch's class's own __reduce_ex__, None where it only inherits one
+
+
+_patch: _Patch | None = None
+"""In effect while installed; set and cleared under ``_lock``."""
+
+
+def _armed(get_iterator: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``get_iterator`` with the worker forks armed; it keeps its own reference to it."""
+
+    @functools.wraps(get_iterator)  # __wrapped__: found again by an install() after a half-done uninstall
+    def _get_iterator(self: Any) -> Any:
+        return start_armed(self, functools.partial(get_iterator, self))
+
+    _get_iterator.__safeloader_armed__ = True  # type: ignore[attr-defined]
+    return _get_iterator
+
+
+def _torchs_get_iterator() -> Callable[..., Any]:
+    """The ``_get_iterator`` torch's class has now, unwrapped if it is still one of ours."""
+    current = _torch_internals.get_iterator_of(_TorchDataLoader)
+    while getattr(current, "__safeloader_armed__", False):
+        current = current.__wrapped__
+    return current
 
 
 class Installation:
@@ -44,35 +87,44 @@ def install() -> Installation:
     ``torch.utils.data.DataLoader`` (and ``torch.utils.data.dataloader.DataLoader``)
     become ``SafeDataLoader``; loaders built from torch's class itself, from a
     name imported before this call, or from a third-party subclass, are armed
-    too. Idempotent; ``uninstall()`` restores torch exactly.
+    too. Idempotent and thread-safe; ``uninstall()`` restores torch exactly.
     """
-    if _registry.installed():
-        return Installation(owner=False)
-    _saved["get_iterator"] = _torch_internals.get_iterator_of(_TorchDataLoader)
-    _torch_internals.set_get_iterator(_TorchDataLoader, _armed_get_iterator)
-    # pickle can no longer find torch's class by its name: reduce its instances another way.
-    _saved["__reduce_ex__"] = _TorchDataLoader.__dict__.get("__reduce_ex__")
-    _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
-    torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
-    torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
-    _registry.set_installed(True)
-    return Installation(owner=True)
+    global _patch
+    with _lock:
+        if _patch is not None:
+            return Installation(owner=False)
+        patch = _Patch(_torchs_get_iterator(), _TorchDataLoader.__dict__.get("__reduce_ex__"))
+        if patch.reduce_ex is reduce_torch_loader:  # left by an uninstall() cut short
+            patch = _Patch(patch.get_iterator, None)
+        _torch_internals.set_get_iterator(_TorchDataLoader, _armed(patch.get_iterator))
+        # pickle can no longer find torch's class by its name: reduce its instances another way.
+        _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
+        torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
+        torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
+        _patch = patch
+        _registry.set_installed(True)
+        return Installation(owner=True)
 
 
 def uninstall() -> None:
-    """Undo ``install()``; harmless when not installed."""
-    if not _registry.installed():
-        return
-    _torch_internals.set_get_iterator(_TorchDataLoader, _saved.pop("get_iterator"))
-    reduce_ex = _saved.pop("__reduce_ex__")
-    if reduce_ex is None:
-        del _TorchDataLoader.__reduce_ex__
-    else:
-        _TorchDataLoader.__reduce_ex__ = reduce_ex  # type: ignore[method-assign]
-    torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
-    torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
-    remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
-    _registry.set_installed(False)
+    """Undo ``install()``; harmless when not installed. A loader start already under way in
+    another thread completes, armed."""
+    global _patch
+    with _lock:
+        patch = _patch
+        if patch is None:
+            return
+        _registry.set_installed(False)
+        _torch_internals.set_get_iterator(_TorchDataLoader, patch.get_iterator)
+        if patch.reduce_ex is None:
+            if "__reduce_ex__" in _TorchDataLoader.__dict__:
+                del _TorchDataLoader.__reduce_ex__
+        else:
+            _TorchDataLoader.__reduce_ex__ = patch.reduce_ex  # type: ignore[method-assign]
+        torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
+        torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
+        remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
+        _patch = None
 
 
 def installed() -> bool:
