@@ -87,6 +87,14 @@ def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_pat
         ("stall_timeout", float("inf"), "stall_timeout must be None (off) or a finite number"),
         ("thread_budget", 10**9, "thread_budget must be None or an int from 1 to 1024"),
         ("disable_hooks", [["files"]], "disable_hooks must be an iterable of hook names (str)"),
+        # Accepted before (10**400 > 0 and < inf), then the first iteration failed converting it to a
+        # float: "OverflowError: int too large to convert to float", naming no option.
+        pytest.param(
+            "stall_timeout", 10**400, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+            "got 100000000000...(401 characters): too large (at most 9223372036)", id="stall_timeout-10**400",
+        ),
+        ("stall_timeout", 1e10, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+         "got 10000000000.0: too large (at most 9223372036)"),
     ],
 )
 def test_bad_option_values_are_refused_where_given(keyword, value, message):
@@ -94,6 +102,39 @@ def test_bad_option_values_are_refused_where_given(keyword, value, message):
         DataLoader(list(range(4)), num_workers=1, **{keyword: value})
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
         safeloader.configure(**{keyword: value})
+
+
+@pytest.mark.parametrize("kind", ["list", "generator", "iter", "map", "filter"])
+def test_disable_hooks_read_once_disables_the_hook_at_every_start(kind, tmp_path):
+    # A one-shot iterable was validated (read) when the loader was built and read again, empty, at
+    # each start: the "disabled" hook ran in every worker (4 of 4 here).
+    ran = tmp_path / "ran"
+
+    def record() -> None:
+        with open(ran, "a") as f:
+            f.write("ran\n")
+
+    safeloader.register_at_fork(after_in_child=record, name="t.record")
+    names = ["t.record"]
+    given = {
+        "list": lambda: list(names),
+        "generator": lambda: (name for name in names),
+        "iter": lambda: iter(names),
+        "map": lambda: map(str, names),
+        "filter": lambda: filter(None, names),
+    }[kind]()
+    loader = DataLoader(list(range(4)), num_workers=2, disable_hooks=given)
+    assert loader.disable_hooks == ("t.record",)  # kept as read, for trainers rebuilding the loader
+    for _epoch in range(2):
+        assert [int(x) for x in loader] == [0, 1, 2, 3]
+    assert not ran.exists(), f"the disabled hook ran in {len(ran.read_text().split())} worker(s)"
+    # The same names from the process-wide defaults.
+    previous = safeloader.configure(disable_hooks=iter(names))
+    try:
+        assert [int(x) for x in DataLoader(list(range(4)), num_workers=2)] == [0, 1, 2, 3]
+    finally:
+        safeloader.configure(disable_hooks=previous.disable_hooks)
+    assert not ran.exists()
 
 
 @pytest.mark.parametrize(
