@@ -80,6 +80,28 @@ def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_pat
     assert expected in result.stdout, result
 
 
+# Issue 42, item 8: a hook's own `raise KeyboardInterrupt` in a worker was taken for Ctrl-C, so
+# the worker ended quietly and the user read torch's "worker exited unexpectedly", naming no
+# hook. Now it is a HookError like SystemExit's and RuntimeError's. torch beside: the same raise
+# in its worker_init_fn (the nearest torch has) gives "exited unexpectedly" for KeyboardInterrupt
+# and SystemExit. Ctrl-C reaching the worker (SIGINT) still stops it as it stops torch's.
+@pytest.mark.parametrize("what", ["KeyboardInterrupt", "SystemExit", "RuntimeError", "SIGINT"])
+def test_what_a_worker_hook_raises_reaches_the_parent_as_a_hook_error_and_ctrl_c_as_torchs(what):
+    torch_result = check_script("worker_hook_raises.py", what, "torch", timeout=60).stdout.strip()
+    result = check_script("worker_hook_raises.py", what, "safeloader", timeout=60).stdout.strip()
+    if what == "SIGINT":
+        assert torch_result.startswith("RuntimeError: DataLoader worker (pid(s)"), torch_result
+        assert result.startswith("RuntimeError: DataLoader worker (pid(s)") and "exited unexpectedly" in result, result
+        return
+    hook_error = f"fork hook 'raising' failed in phase 'after_in_child' in DataLoader worker 0: {what}: 3"
+    assert result.startswith("HookError: ") and result.endswith(hook_error), result
+    if what == "RuntimeError":
+        assert torch_result == "RuntimeError: Caught RuntimeError in DataLoader worker process 0.", torch_result
+    else:
+        assert torch_result.startswith("RuntimeError: DataLoader worker (pid(s)"), torch_result
+        assert torch_result.endswith("exited unexpectedly"), torch_result
+
+
 @pytest.mark.parametrize(
     ("keyword", "value", "message"),
     [
