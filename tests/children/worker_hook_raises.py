@@ -17,12 +17,14 @@ from torch.utils.data import DataLoader as TorchDataLoader
 import safeloader
 
 what, which = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a script started from a shell has
 
 
 def raising(*_worker_id):
     if what == "SIGINT":
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(10)  # the handler raises KeyboardInterrupt here
+        raise AssertionError("SIGINT did not interrupt the worker")
     raise {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit, "RuntimeError": RuntimeError}[what](3)
 
 
