@@ -8,6 +8,7 @@ read the resolved values from ``safeloader.fork_context().options``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from collections.abc import Iterable
@@ -23,9 +24,12 @@ far from the floats whose products (``FIRST_ITEM_FACTOR``, a batch's items) over
 
 
 def _shown(value: object) -> str:
-    """``repr(value)``, cut short for a huge number (10**400 has 401 digits)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} characters)"
+    """``repr(value)``, but a huge int by its size: 10**400 has 401 digits, and past 4300
+    ``repr`` itself raises (``sys.set_int_max_str_digits``)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
 
 
 def hook_names(value: object) -> tuple[str, ...]:

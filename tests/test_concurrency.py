@@ -113,7 +113,11 @@ def test_what_a_worker_hook_raises_reaches_the_parent_as_a_hook_error_and_ctrl_c
         # float: "OverflowError: int too large to convert to float", naming no option.
         pytest.param(
             "stall_timeout", 10**400, "stall_timeout must be None (off) or a finite number of seconds > 0, "
-            "got 100000000000...(401 characters): too large (at most 9223372036)", id="stall_timeout-10**400",
+            "got an int of about 401 digits: too large (at most 9223372036)", id="stall_timeout-10**400",
+        ),
+        pytest.param(
+            "stall_timeout", 10**5000, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+            "got an int of about 5001 digits: too large", id="stall_timeout-10**5000",  # repr() itself raises
         ),
         ("stall_timeout", 1e10, "stall_timeout must be None (off) or a finite number of seconds > 0, "
          "got 10000000000.0: too large (at most 9223372036)"),
