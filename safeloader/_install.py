@@ -6,7 +6,10 @@ one lock, so two of them never both find torch unpatched and save the first one'
 torch's method (every start then recursed, and ``uninstall()`` found nothing to restore).
 The patched ``_get_iterator`` holds torch's method itself, captured when it was patched, and
 looks up nothing that ``uninstall()`` removes: a start already inside it when another thread
-uninstalls completes, armed, with torch's method.
+uninstalls completes, armed, with torch's method. One cut short by Ctrl-C (or another signal
+handler's exception) leaves what the next call completes: ``install()`` builds its record from
+torch's class as it finds it (a patch of its own unwrapped), and ``uninstall()`` undoes whatever
+of its own it finds, record or not.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def install() -> Installation:
         if _patch is not None:
             return Installation(owner=False)
         patch = _Patch(_torchs_get_iterator(), _TorchDataLoader.__dict__.get("__reduce_ex__"))
-        if patch.reduce_ex is reduce_torch_loader:  # left by an uninstall() cut short
+        if patch.reduce_ex is reduce_torch_loader:  # ours, left by an install() or uninstall() cut short
             patch = _Patch(patch.get_iterator, None)
         _torch_internals.set_get_iterator(_TorchDataLoader, _armed(patch.get_iterator))
         # pickle can no longer find torch's class by its name: reduce its instances another way.
@@ -111,20 +114,32 @@ def uninstall() -> None:
     another thread completes, armed."""
     global _patch
     with _lock:
-        patch = _patch
-        if patch is None:
+        patch, _patch = _patch, None  # first: an install() after this one is cut short starts afresh
+        if patch is None and not _patched():
             return
+        # Without a record (an install() cut short before it kept one): what is ours is undone.
         _registry.set_installed(False)
-        _torch_internals.set_get_iterator(_TorchDataLoader, patch.get_iterator)
-        if patch.reduce_ex is None:
-            if "__reduce_ex__" in _TorchDataLoader.__dict__:
-                del _TorchDataLoader.__reduce_ex__
-        else:
+        original = patch.get_iterator if patch is not None else _torchs_get_iterator()
+        _torch_internals.set_get_iterator(_TorchDataLoader, original)
+        reduce_ex = _TorchDataLoader.__dict__.get("__reduce_ex__")
+        if patch is not None and patch.reduce_ex is not None:
             _TorchDataLoader.__reduce_ex__ = patch.reduce_ex  # type: ignore[method-assign]
+        elif reduce_ex is reduce_torch_loader:
+            del _TorchDataLoader.__reduce_ex__
         torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
         torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
         remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
-        _patch = None
+
+
+def _patched() -> bool:
+    """Whether anything ``install()`` patches is still patched (it may have been cut short)."""
+    return (
+        _registry.installed()
+        or getattr(_torch_internals.get_iterator_of(_TorchDataLoader), "__safeloader_armed__", False)
+        or _TorchDataLoader.__dict__.get("__reduce_ex__") is reduce_torch_loader
+        or torch.utils.data.DataLoader is SafeDataLoader
+        or torch.utils.data.dataloader.DataLoader is SafeDataLoader
+    )
 
 
 def installed() -> bool:
