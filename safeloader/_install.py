@@ -1,7 +1,23 @@
-"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly."""
+"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly.
+
+``install()`` and ``uninstall()`` may be called from any thread (trainer threads each arming
+the process, one thread toggling while others start loaders): each checks and patches under
+one lock, so two of them never both find torch unpatched and save the first one's patch as
+torch's method (every start then recursed, and ``uninstall()`` found nothing to restore).
+The patched ``_get_iterator`` holds torch's method itself, captured when it was patched, and
+looks up nothing that ``uninstall()`` removes: a start already inside it when another thread
+uninstalls completes, armed, with torch's method. One cut short by Ctrl-C (or another signal
+handler's exception) leaves what the next call completes: ``install()`` builds its record from
+torch's class as it finds it (a patch of its own unwrapped), and ``uninstall()`` undoes whatever
+of its own it finds, record or not.
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -14,11 +30,41 @@ from ._torch_loader_pickling import reduce_torch_loader
 from .backends.pin_memory import remove_gate as remove_pin_memory_gate
 
 _TorchDataLoader = torch.utils.data.dataloader.DataLoader
-_saved: dict[str, Any] = {}
+
+_lock = threading.RLock()
+"""Held while ``install()``/``uninstall()`` check and patch. Re-entrant: a signal handler (or a
+hook) on the thread inside one of them may call the other."""
 
 
-def _armed_get_iterator(self: Any) -> Any:
-    return start_armed(self, lambda: _saved["get_iterator"](self))
+@dataclass(frozen=True)
+class _Patch:
+    """What ``install()`` replaced on torch's class, for ``uninstall()`` to put back."""
+
+    get_iterator: Callable[..., Any]
+    reduce_ex: Any  # torch's class's own __reduce_ex__, None where it only inherits one
+
+
+_patch: _Patch | None = None
+"""In effect while installed; set and cleared under ``_lock``."""
+
+
+def _armed(get_iterator: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``get_iterator`` with the worker forks armed; it keeps its own reference to it."""
+
+    @functools.wraps(get_iterator)  # __wrapped__: found again by an install() after a half-done uninstall
+    def _get_iterator(self: Any) -> Any:
+        return start_armed(self, functools.partial(get_iterator, self))
+
+    _get_iterator.__safeloader_armed__ = True  # type: ignore[attr-defined]
+    return _get_iterator
+
+
+def _torchs_get_iterator() -> Callable[..., Any]:
+    """The ``_get_iterator`` torch's class has now, unwrapped if it is still one of ours."""
+    current = _torch_internals.get_iterator_of(_TorchDataLoader)
+    while getattr(current, "__safeloader_armed__", False):
+        current = current.__wrapped__
+    return current
 
 
 class Installation:
@@ -44,35 +90,56 @@ def install() -> Installation:
     ``torch.utils.data.DataLoader`` (and ``torch.utils.data.dataloader.DataLoader``)
     become ``SafeDataLoader``; loaders built from torch's class itself, from a
     name imported before this call, or from a third-party subclass, are armed
-    too. Idempotent; ``uninstall()`` restores torch exactly.
+    too. Idempotent and thread-safe; ``uninstall()`` restores torch exactly.
     """
-    if _registry.installed():
-        return Installation(owner=False)
-    _saved["get_iterator"] = _torch_internals.get_iterator_of(_TorchDataLoader)
-    _torch_internals.set_get_iterator(_TorchDataLoader, _armed_get_iterator)
-    # pickle can no longer find torch's class by its name: reduce its instances another way.
-    _saved["__reduce_ex__"] = _TorchDataLoader.__dict__.get("__reduce_ex__")
-    _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
-    torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
-    torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
-    _registry.set_installed(True)
-    return Installation(owner=True)
+    global _patch
+    with _lock:
+        if _patch is not None:
+            return Installation(owner=False)
+        patch = _Patch(_torchs_get_iterator(), _TorchDataLoader.__dict__.get("__reduce_ex__"))
+        if patch.reduce_ex is reduce_torch_loader:  # ours, left by an install() or uninstall() cut short
+            patch = _Patch(patch.get_iterator, None)
+        _torch_internals.set_get_iterator(_TorchDataLoader, _armed(patch.get_iterator))
+        # pickle can no longer find torch's class by its name: reduce its instances another way.
+        _TorchDataLoader.__reduce_ex__ = reduce_torch_loader  # type: ignore[method-assign, assignment]
+        torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
+        torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
+        _patch = patch
+        _registry.set_installed(True)
+        return Installation(owner=True)
 
 
 def uninstall() -> None:
-    """Undo ``install()``; harmless when not installed."""
-    if not _registry.installed():
-        return
-    _torch_internals.set_get_iterator(_TorchDataLoader, _saved.pop("get_iterator"))
-    reduce_ex = _saved.pop("__reduce_ex__")
-    if reduce_ex is None:
-        del _TorchDataLoader.__reduce_ex__
-    else:
-        _TorchDataLoader.__reduce_ex__ = reduce_ex  # type: ignore[method-assign]
-    torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
-    torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
-    remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
-    _registry.set_installed(False)
+    """Undo ``install()``; harmless when not installed. A loader start already under way in
+    another thread completes, armed."""
+    global _patch
+    with _lock:
+        patch, _patch = _patch, None  # first: an install() after this one is cut short starts afresh
+        if patch is None and not _patched():
+            return
+        # Without a record (an install() cut short before it kept one): what is ours is undone.
+        _registry.set_installed(False)
+        original = patch.get_iterator if patch is not None else _torchs_get_iterator()
+        _torch_internals.set_get_iterator(_TorchDataLoader, original)
+        reduce_ex = _TorchDataLoader.__dict__.get("__reduce_ex__")
+        if patch is not None and patch.reduce_ex is not None:
+            _TorchDataLoader.__reduce_ex__ = patch.reduce_ex  # type: ignore[method-assign]
+        elif reduce_ex is reduce_torch_loader:
+            del _TorchDataLoader.__reduce_ex__
+        torch.utils.data.DataLoader = _TorchDataLoader  # type: ignore[misc]
+        torch.utils.data.dataloader.DataLoader = _TorchDataLoader  # type: ignore[misc]
+        remove_pin_memory_gate()  # installed by the first armed start (backends/pin_memory.py)
+
+
+def _patched() -> bool:
+    """Whether anything ``install()`` patches is still patched (it may have been cut short)."""
+    return (
+        _registry.installed()
+        or getattr(_torch_internals.get_iterator_of(_TorchDataLoader), "__safeloader_armed__", False)
+        or _TorchDataLoader.__dict__.get("__reduce_ex__") is reduce_torch_loader
+        or torch.utils.data.DataLoader is SafeDataLoader
+        or torch.utils.data.dataloader.DataLoader is SafeDataLoader
+    )
 
 
 def installed() -> bool:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader as _TorchDataLoader
 
 from . import _abandoned_locks, _registry, _torch_internals, backends, forkstate, watchdog
 from ._deferred_signals import DeferredSignals
-from ._options import OPTION_NAMES, Options, get_options
+from ._options import OPTION_NAMES, Options, get_options, hook_names
 from .diagnostics import unsafe_fork
 from .errors import HookError
 
@@ -338,6 +338,9 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
         # each is kept as an attribute of its name, which resolve_options reads at each start.
         arguments = locals()
         given = {name: arguments[name] for name in OPTION_NAMES}
+        if disable_hooks is not DEFAULT:
+            # Read once (a generator, map(...)): kept as given, every start would read it empty.
+            given["disable_hooks"] = hook_names(disable_hooks)
         # Validated now, not at the first fork.
         checked = get_options().replace(**{name: value for name, value in given.items() if value is not DEFAULT})
         if disable_hooks is not DEFAULT:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,6 +18,48 @@ ZARRS_MODES = ("pool", "serial", "python")
 MAX_THREAD_BUDGET = 1024
 """A bound far above any machine's cores: a larger thread_budget is a mistake, not a setting."""
 UNSAFE_FORK_POLICIES = ("auto", "raise", "forkserver", "warn", "ignore")
+MAX_STALL_TIMEOUT = threading.TIMEOUT_MAX
+"""The longest stall_timeout (292 years on Linux): the longest wait a lock or event takes, and
+far from the floats whose products (``FIRST_ITEM_FACTOR``, a batch's items) overflow."""
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, but a huge int by its size: 10**400 has 401 digits, and past 4300
+    ``repr`` itself raises (``sys.set_int_max_str_digits``)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
+
+
+def hook_names(value: object) -> tuple[str, ...]:
+    """``disable_hooks`` as given (any iterable of names, a generator included) as a tuple,
+    read once: kept as given, a one-shot iterator would be empty at every later read."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"disable_hooks must be an iterable of hook names, got {value!r}")
+    names = tuple(value)
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(f"disable_hooks must be an iterable of hook names (str), got {names!r}")
+    return names
+
+
+def _check_stall_timeout(timeout: object) -> float | None:
+    """``stall_timeout`` as a float (None: off), or ValueError naming the option. Compared before
+    ``float()``: an int past the floats' range (10**400) overflows there, not naming the option."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise _bad_stall_timeout(timeout, "")
+    if not 0 < timeout <= MAX_STALL_TIMEOUT:  # `not` also refuses NaN, which compares false with everything
+        too_large = timeout > MAX_STALL_TIMEOUT
+        raise _bad_stall_timeout(timeout, f": too large (at most {MAX_STALL_TIMEOUT:.0f})" if too_large else "")
+    return float(timeout)
+
+
+def _bad_stall_timeout(timeout: object, why: str) -> ValueError:
+    return ValueError(
+        f"stall_timeout must be None (off) or a finite number of seconds > 0, got {_shown(timeout)}{why}"
+    )
 
 
 def available_cores() -> int:
@@ -73,21 +116,10 @@ class Options:
             raise ValueError(f"thread_budget must be None or an int from 1 to {MAX_THREAD_BUDGET}, got {budget!r}")
         if not isinstance(self.freeze_gc, bool):
             raise TypeError(f"freeze_gc must be a bool, got {self.freeze_gc!r}")
-        timeout = self.stall_timeout
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf
-        ):  # `not 0 < x` also refuses NaN, which compares false with everything
-            raise ValueError(
-                f"stall_timeout must be None (off) or a finite number of seconds > 0, got {timeout!r}"
-            )
+        object.__setattr__(self, "stall_timeout", _check_stall_timeout(self.stall_timeout))
         if self.on_unsafe_fork not in UNSAFE_FORK_POLICIES:
             raise ValueError(f"on_unsafe_fork must be one of {UNSAFE_FORK_POLICIES}, got {self.on_unsafe_fork!r}")
-        if isinstance(self.disable_hooks, str) or not isinstance(self.disable_hooks, Iterable):
-            raise TypeError(f"disable_hooks must be an iterable of hook names, got {self.disable_hooks!r}")
-        names = tuple(self.disable_hooks)
-        if not all(isinstance(name, str) for name in names):
-            raise TypeError(f"disable_hooks must be an iterable of hook names (str), got {self.disable_hooks!r}")
-        object.__setattr__(self, "disable_hooks", frozenset(names))
+        object.__setattr__(self, "disable_hooks", frozenset(hook_names(self.disable_hooks)))
 
     def as_dict(self) -> dict[str, object]:
         """The options as plain data (``disable_hooks`` a sorted list), for reports."""

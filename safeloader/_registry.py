@@ -303,10 +303,28 @@ def is_interrupt(exc: BaseException, *, in_worker: bool = False) -> bool:
     """Whether ``exc`` interrupts rather than fails: a BaseException that is not an Exception
     (KeyboardInterrupt, SystemExit...), or one raised by a Python signal handler (its frame is in
     the traceback). It reaches the user as itself, never as a HookError. In a worker, a hook's
-    SystemExit stays a hook failure; Ctrl-C to the process group is an interrupt there too."""
-    if isinstance(exc, KeyboardInterrupt) or not (in_worker or isinstance(exc, Exception)):
+    SystemExit, and a KeyboardInterrupt its own ``raise`` statement raised, stay hook failures;
+    Ctrl-C to the process group (SIGINT's handler raising it) is an interrupt there too."""
+    if isinstance(exc, KeyboardInterrupt):
+        return not (in_worker and _raised_by_raise_statement(exc)) or _raised_by_signal_handler(exc)
+    if not (in_worker or isinstance(exc, Exception)):
         return True
     return _raised_by_signal_handler(exc)
+
+
+def _raised_by_raise_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` was first raised by a ``raise`` statement (where its traceback begins), not
+    by a signal: SIGINT's default handler, written in C, raises KeyboardInterrupt where Python next
+    checks for signals (a call's return, a loop's jump), never at a ``raise``."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    import opcode  # only here: an interrupt in a worker's hook is rare
+
+    code = tb.tb_frame.f_code.co_code
+    return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] == opcode.opmap["RAISE_VARARGS"]
 
 
 _handler_codes: frozenset[Any] = frozenset()  # the code of each Python signal handler, when last looked up

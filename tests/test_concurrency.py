@@ -80,6 +80,28 @@ def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_pat
     assert expected in result.stdout, result
 
 
+# Issue 42, item 8: a hook's own `raise KeyboardInterrupt` in a worker was taken for Ctrl-C, so
+# the worker ended quietly and the user read torch's "worker exited unexpectedly", naming no
+# hook. Now it is a HookError like SystemExit's and RuntimeError's. torch beside: the same raise
+# in its worker_init_fn (the nearest torch has) gives "exited unexpectedly" for KeyboardInterrupt
+# and SystemExit. Ctrl-C reaching the worker (SIGINT) still stops it as it stops torch's.
+@pytest.mark.parametrize("what", ["KeyboardInterrupt", "SystemExit", "RuntimeError", "SIGINT"])
+def test_what_a_worker_hook_raises_reaches_the_parent_as_a_hook_error_and_ctrl_c_as_torchs(what):
+    torch_result = check_script("worker_hook_raises.py", what, "torch", timeout=60).stdout.strip()
+    result = check_script("worker_hook_raises.py", what, "safeloader", timeout=60).stdout.strip()
+    if what == "SIGINT":
+        assert torch_result.startswith("RuntimeError: DataLoader worker (pid(s)"), torch_result
+        assert result.startswith("RuntimeError: DataLoader worker (pid(s)") and "exited unexpectedly" in result, result
+        return
+    hook_error = f"fork hook 'raising' failed in phase 'after_in_child' in DataLoader worker 0: {what}: 3"
+    assert result.startswith("HookError: ") and result.endswith(hook_error), result
+    if what == "RuntimeError":
+        assert torch_result == "RuntimeError: Caught RuntimeError in DataLoader worker process 0.", torch_result
+    else:
+        assert torch_result.startswith("RuntimeError: DataLoader worker (pid(s)"), torch_result
+        assert torch_result.endswith("exited unexpectedly"), torch_result
+
+
 @pytest.mark.parametrize(
     ("keyword", "value", "message"),
     [
@@ -87,6 +109,18 @@ def test_system_exit_in_a_worker_hook_reaches_the_parent_as_a_hook_error(tmp_pat
         ("stall_timeout", float("inf"), "stall_timeout must be None (off) or a finite number"),
         ("thread_budget", 10**9, "thread_budget must be None or an int from 1 to 1024"),
         ("disable_hooks", [["files"]], "disable_hooks must be an iterable of hook names (str)"),
+        # Accepted before (10**400 > 0 and < inf), then the first iteration failed converting it to a
+        # float: "OverflowError: int too large to convert to float", naming no option.
+        pytest.param(
+            "stall_timeout", 10**400, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+            "got an int of about 401 digits: too large (at most 9223372036)", id="stall_timeout-10**400",
+        ),
+        pytest.param(
+            "stall_timeout", 10**5000, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+            "got an int of about 5001 digits: too large", id="stall_timeout-10**5000",  # repr() itself raises
+        ),
+        ("stall_timeout", 1e10, "stall_timeout must be None (off) or a finite number of seconds > 0, "
+         "got 10000000000.0: too large (at most 9223372036)"),
     ],
 )
 def test_bad_option_values_are_refused_where_given(keyword, value, message):
@@ -94,6 +128,39 @@ def test_bad_option_values_are_refused_where_given(keyword, value, message):
         DataLoader(list(range(4)), num_workers=1, **{keyword: value})
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
         safeloader.configure(**{keyword: value})
+
+
+@pytest.mark.parametrize("kind", ["list", "generator", "iter", "map", "filter"])
+def test_disable_hooks_read_once_disables_the_hook_at_every_start(kind, tmp_path):
+    # A one-shot iterable was validated (read) when the loader was built and read again, empty, at
+    # each start: the "disabled" hook ran in every worker (4 of 4 here).
+    ran = tmp_path / "ran"
+
+    def record() -> None:
+        with open(ran, "a") as f:
+            f.write("ran\n")
+
+    safeloader.register_at_fork(after_in_child=record, name="t.record")
+    names = ["t.record"]
+    given = {
+        "list": lambda: list(names),
+        "generator": lambda: (name for name in names),
+        "iter": lambda: iter(names),
+        "map": lambda: map(str, names),
+        "filter": lambda: filter(None, names),
+    }[kind]()
+    loader = DataLoader(list(range(4)), num_workers=2, disable_hooks=given)
+    assert loader.disable_hooks == ("t.record",)  # kept as read, for trainers rebuilding the loader
+    for _epoch in range(2):
+        assert [int(x) for x in loader] == [0, 1, 2, 3]
+    assert not ran.exists(), f"the disabled hook ran in {len(ran.read_text().split())} worker(s)"
+    # The same names from the process-wide defaults.
+    previous = safeloader.configure(disable_hooks=iter(names))
+    try:
+        assert [int(x) for x in DataLoader(list(range(4)), num_workers=2)] == [0, 1, 2, 3]
+    finally:
+        safeloader.configure(disable_hooks=previous.disable_hooks)
+    assert not ran.exists()
 
 
 @pytest.mark.parametrize(

@@ -400,3 +400,45 @@ def test_a_per_start_backend_with_after_in_parent_is_refused():
     message = r"hook 't\.undoer': per_start must be False for a hook with after_in_parent"
     with pytest.raises(RegistrationError, match=message):
         safeloader.register_backend(Undoer)
+
+
+@pytest.mark.parametrize("libraries", [
+    pytest.param("libzzone", id="one-name"),  # was read letter by letter: 'l' matched libc, libgomp...
+    pytest.param(safeloader.Library(["libzzone"]), id="one-Library-of-a-list"),  # a list broke str.startswith
+    pytest.param((name for name in ["libzzone"]), id="generator"),
+    pytest.param([safeloader.Library(name for name in ["libzzone"])], id="Library-of-a-generator"),
+])
+def test_a_backends_libraries_are_read_once_as_the_names_given(libraries):
+    from safeloader.diagnostics import native_libraries
+
+    class Declares(safeloader.Backend):
+        name = "t.declares"
+        description = "declares the library it makes safe"
+
+        def after_in_child(self, plan) -> None:
+            pass
+
+    Declares.libraries = libraries
+    safeloader.register_backend(Declares)
+    try:
+        for _lookup in range(2):  # a generator would be empty at the second
+            handled = native_libraries.known("/opt/lib/libzzone.so.1", "zz")
+            assert handled is not None and handled.names == ("libzzone",) and handled.by == "t.declares"
+        assert native_libraries.known("/opt/lib/libzzother.so", "zz") is None
+    finally:
+        native_libraries._handled.pop("t.declares", None)
+
+
+@pytest.mark.parametrize("libraries, message", [
+    (5, r"Declares\.libraries must be an iterable of safeloader\.Library or names, got 5"),
+    ([""], r"Declares\.libraries must hold safeloader\.Library or non-empty names, got ''"),
+])
+def test_a_backends_bad_libraries_are_refused_when_registering(libraries, message):
+    class Declares(safeloader.Backend):
+        name = "t.declares"
+        description = "declares the library it makes safe"
+    Declares.libraries = libraries
+    with pytest.raises(RegistrationError, match=message):
+        safeloader.register_backend(Declares)
+    with pytest.raises(TypeError, match=r"Library names must be a name or an iterable of names, got 5"):
+        safeloader.Library(5)

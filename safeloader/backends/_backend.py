@@ -9,12 +9,14 @@ that plan. ``prepare_start`` checks a loader before any worker exists; ``status`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from .. import _registration, _registry
 from .._options import Options
 from ..diagnostics import native_libraries
 from ..diagnostics.native_libraries import Library
+from ..errors import RegistrationError
 
 _PHASES = ("before", "after_in_parent", "after_in_child")
 
@@ -93,9 +95,26 @@ class Backend:
         """Whether it has a fork callback (a backend may only prepare starts)."""
         return any(self._overrides(phase) for phase in _PHASES)
 
+    def _libraries(self) -> tuple[Library | str, ...]:
+        """``libraries`` read once as a tuple (one ``Library`` or name alone too: a name's letters
+        are not libraries); else RegistrationError naming the attribute."""
+        value = self.libraries
+        libraries = (value,) if isinstance(value, (str, Library)) else value
+        if not isinstance(libraries, Iterable):
+            raise RegistrationError(
+                f"{type(self).__name__}.libraries must be an iterable of safeloader.Library or names, got {value!r}"
+            )
+        libraries = tuple(libraries)
+        for library in libraries:
+            if not (isinstance(library, Library) or (isinstance(library, str) and library)):
+                raise RegistrationError(
+                    f"{type(self).__name__}.libraries must hold safeloader.Library or non-empty names, got {library!r}"
+                )
+        return libraries
+
     def register(self) -> _registration.Hook | None:
         """Register its fork hook and the libraries it handles; None for a backend that only prepares starts."""
-        native_libraries.handled_by(self.name, self.libraries)
+        native_libraries.handled_by(self.name, self._libraries())
         if not self.has_hook():
             return None
         before, after_in_parent, after_in_child = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -61,6 +62,17 @@ class Library:
     """Why it is fork-safe even without the backend, if it is (the backend only limits it)."""
     remedy: str = ""
     """What else the user can do, besides turning the backend on."""
+
+    def __post_init__(self) -> None:
+        # Read once, as a tuple: matched with str.startswith (a list is a TypeError there, a
+        # generator empty after the first look-up), and one name is one name, not its letters.
+        names = (self.names,) if isinstance(self.names, str) else self.names
+        if not isinstance(names, Iterable):
+            raise TypeError(f"Library names must be a name or an iterable of names, got {self.names!r}")
+        names = tuple(names)
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise TypeError(f"Library names must be non-empty str, at least one, got {names!r}")
+        object.__setattr__(self, "names", names)
 
 
 _handled: dict[str, tuple[Known, ...]] = {}  # backend name -> its HANDLED entries (``handled_by``)
