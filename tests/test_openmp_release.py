@@ -52,9 +52,11 @@ def own_count_library(tmp_path_factory) -> Path:
     return library
 
 
-def _run(loader: str, case: str, library: Path | str = "-") -> dict:
-    result = check_script("openmp_own_count.py", loader, case, library, timeout=120)
-    return json.loads(result.stdout.splitlines()[-1])
+def _run(loader: str, case: str, library: Path | str = "-", *flags: str) -> dict:
+    result = check_script("openmp_own_count.py", loader, case, library, *flags, timeout=120)
+    out = json.loads(result.stdout.splitlines()[-1])
+    out["stderr"] = result.stderr
+    return out
 
 
 def _assert_workers_match_the_parent(out: dict) -> None:
@@ -108,3 +110,27 @@ def test_a_renamed_copy_loaded_before_torch_and_torchs_own_both_run_full_teams_i
 def test_a_renamed_copy_loaded_before_torch_hangs_torchs_workers(own_count_library):
     result = run_script("openmp_own_count.py", "torch", "renamed", own_count_library, timeout=60, expect_hang=True)
     assert result.timed_out and result.stdout == "", result
+
+
+@pytest.mark.fresh_interpreter
+def test_another_parent_thread_running_its_own_regions_through_the_forks_is_left_alone(own_count_library):
+    # libgomp keeps a pool per thread that starts a region: only the forking thread's is released,
+    # and another thread's regions go on in its own pool, with right results, while workers fork.
+    out = _run("safeloader", "renamed", own_count_library, "busy")
+    _assert_workers_match_the_parent(out)
+    count, all_right = out["busy"]
+    assert count > 0 and all_right, out["busy"]
+
+
+@pytest.mark.fresh_interpreter
+def test_a_loader_started_inside_a_parallel_region_keeps_that_copy_at_one_thread_and_says_so(own_count_library):
+    # Inside a region of torch's copy its pool cannot be released (libgomp refuses): that copy stays
+    # at 1 thread in the workers, with a warning; the library's own copy is released as ever.
+    out = _run("safeloader", "renamed", own_count_library, "in-region")
+    _assert_workers_match_the_parent(out)
+    assert [team for _total, team in out["got"]] == [4] * 4
+    warnings = [line for line in out["stderr"].splitlines() if "RuntimeWarning" in line]
+    assert len(warnings) == 1, out["stderr"]
+    assert "the GNU OpenMP pool of libgomp.so.1 (" in warnings[0] and f"{os.sep}torch{os.sep}" in warnings[0]
+    assert "the forking thread is inside an OpenMP parallel region" in warnings[0]
+    assert "multiprocessing_context='forkserver'" in warnings[0]

@@ -7,6 +7,11 @@ argv: loader case [library]
            libgomp); "torch-first": torch first (both share torch's bundled copy); "renamed": the
            library at argv[3] (tests/native/omp_own_count.c, linked to a renamed libgomp copy) loaded
            before torch, each with its own copy, and the workers also raise torch's count to 2
+  then, for "renamed", optionally:
+  busy       another parent thread runs the library's 2-thread regions all through the loader;
+             their sums are checked and counted ("busy": how many, all right)
+  in-region  the loader is iterated inside a 1-thread parallel region of torch's copy (whose pool
+             cannot be released there); the workers call only the library
 Prints, as JSON: the libgomp copies live in the parent at the start, the parent's predictions (or
 sums) and the workers', the parent's OpenMP thread counts before and after, and its results after.
 """
@@ -71,6 +76,8 @@ else:
     def compute(index: int) -> list:
         team = ctypes.c_int()
         total = library.sum_squares(4, 100_000 + index, ctypes.byref(team))
+        if "in-region" in sys.argv[4:]:
+            return [total, team.value]
         torch.set_num_threads(2)  # torch's own copy: 2 threads
         return [total, team.value, torch_team(), float((torch.ones(3000, 3000) * (index + 1)).sum())]
 
@@ -93,9 +100,30 @@ while set(live := forkstate.snapshot(pools=False).gomp_live) != set(gomp_copies(
     time.sleep(0.02)  # each copy's pool threads, once they stop spinning, wait in their libgomp: seen live
 kind = torch.utils.data.DataLoader if loader_name == "torch" else safeloader.DataLoader
 loader = kind(Computed(), batch_size=None, num_workers=2)
-got = list(loader)
+busy: list[bool] = []
+if "busy" in sys.argv[4:]:
+    import threading
+
+    done = threading.Event()
+
+    def regions_meanwhile() -> None:
+        team = ctypes.c_int()
+        while not done.is_set():  # ctypes lets the GIL go: this thread is in its region during forks
+            busy.append(library.sum_squares(2, 200_000, ctypes.byref(team)) == sum(i * i for i in range(200_000)))
+
+    thread = threading.Thread(target=regions_meanwhile)
+    thread.start()
+    got = list(loader)
+    done.set()
+    thread.join()
+elif "in-region" in sys.argv[4:]:
+    got = []
+    body = region(lambda _: got.extend(loader))
+    gomp_of_torch.GOMP_parallel(body, None, 1, 0)  # the loader forks from inside torch's copy's region
+else:
+    got = list(loader)
 print(json.dumps({
     "copies": gomp_copies(), "live": list(live), "expected": expected, "got": got,
     "threads_before": before, "threads_after": max_threads(),
-    "after": [compute(index) for index in range(ITEMS)],
+    "after": [compute(index) for index in range(ITEMS)], "busy": [len(busy), all(busy)],
 }))
