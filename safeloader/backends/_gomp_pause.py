@@ -20,12 +20,15 @@ IN_REGION = "the forking thread is inside an OpenMP parallel region, whose team 
 _pause_of: dict[str, Any] = {}
 
 
-def _pause_function(path: str) -> Any:
+def _pause_function(path: str, libraries: tuple[str, ...]) -> Any:
     if path not in _pause_of:
         import ctypes  # here: importing safeloader imports no ctypes
 
-        try:  # the copy already loaded (never a new load): dlopen finds it by its file, through any link
-            dynlib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+        # The name the dynamic loader knows the copy by (a link's, such as /lib/.../libgomp.so.1), so
+        # that dlopen matches it by name instead of opening the file to compare it with each object.
+        name = next((loaded for loaded in libraries if "libgomp" in loaded and os.path.realpath(loaded) == path), path)
+        try:  # the copy already loaded (RTLD_NOLOAD: never a new load)
+            dynlib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
         except OSError:
             dynlib = None
         pause = getattr(dynlib, "omp_pause_resource_all", None)
@@ -36,9 +39,10 @@ def _pause_function(path: str) -> Any:
     return _pause_of[path]
 
 
-def release(paths: tuple[str, ...]) -> dict[str, str]:
+def release(paths: tuple[str, ...], libraries: tuple[str, ...] = ()) -> dict[str, str]:
     """Release the calling thread's pool in each libgomp copy at ``paths`` (real paths of loaded
-    copies); returns the copies whose pool could not be released, each with why.
+    copies; ``libraries``: the loaded objects' names, as ``forkstate`` lists them); returns the copies
+    whose pool could not be released, each with why.
 
     Called on the forking thread, just before the fork. libgomp keeps one pool per thread that
     started a parallel region (its ``thread_pool``, thread-local) and no fork handler: a forked child
@@ -54,7 +58,7 @@ def release(paths: tuple[str, ...]) -> dict[str, str]:
     """
     refused: dict[str, str] = {}
     for path in paths:
-        pause = _pause_function(path)
+        pause = _pause_function(path, libraries)
         if pause is None:
             refused[path] = NO_PAUSE
         elif pause(_OMP_PAUSE_HARD) != 0:

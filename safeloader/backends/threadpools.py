@@ -384,7 +384,8 @@ class ThreadpoolsBackend(Backend):
             hazard="A worker running a parallel region with >1 thread would hang",
             stall="the worker entered an OpenMP parallel region after the parent had run one; libgomp's thread "
             "pool does not survive fork and the region waits forever.",
-            remedy="start the loader outside OpenMP parallel regions, or use multiprocessing_context='forkserver'",
+            remedy="keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn) if no library "
+            "there sets its own count (an n_jobs or num_threads argument)",
         ),
         Library(("libopenblas", "libscipy_openblas"), label="OpenBLAS", alone="it restarts its threads in a child"),
         Library(("libomp", "libiomp"), label="LLVM/Intel OpenMP", alone="it restarts its threads in a child"),
@@ -408,7 +409,7 @@ class ThreadpoolsBackend(Backend):
         # GNU OpenMP: a pool this thread started would be the worker's, counting threads it does not
         # have. Released here, on the forking thread, right before the fork (only where a pool may be
         # live): the worker has none, whatever thread count a library sets there later.
-        unreleased = _gomp_pause.release(state.gomp_unsafe) if state.gomp_unsafe else {}
+        unreleased = _gomp_pause.release(state.gomp_unsafe, state.libraries) if state.gomp_unsafe else {}
         if unreleased:
             self._warn_unreleased(unreleased)
         return _plan(unreleased, _pools(state.libraries), budget, torch_threads)
