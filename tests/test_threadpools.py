@@ -17,7 +17,7 @@ import torch
 import safeloader
 from safeloader import forkstate
 from safeloader._options import available_cores
-from safeloader.backends import threadpools
+from safeloader.backends import _openblas_count, threadpools
 
 from .subproc import check_python, check_script, run_script
 
@@ -103,7 +103,7 @@ def test_openblas_private_thread_count_is_found_in_its_getters_code():
 
     library = next(c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.internal_api == "openblas")
     getter = library._get_symbol("openblas_get_num_threads")
-    found = threadpools._private_cpu_number(getter)
+    found = _openblas_count.private_cpu_number(getter)
     try:
         exported = ctypes.c_int.in_dll(library.dynlib, "blas_cpu_number")  # numpy 2.4's OpenBLAS (0.3.31)
     except ValueError:

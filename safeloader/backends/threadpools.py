@@ -9,7 +9,6 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
-import platform
 import re
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import _gomp_pause, _torch_threads
 from ._backend import Backend
+from ._openblas_count import cpu_number as _cpu_number
 
 NAME = hook_names.THREADPOOLS
 
@@ -230,45 +230,6 @@ def _c_accessors(library: Any, pthreads_openblas: bool) -> tuple[Any, Any, Any]:
     symbol = getattr(library, "_get_symbol", None)
     getter = symbol("openblas_get_num_threads") if symbol is not None else None
     return getter, _cpu_number(dynlib, getter), None
-
-
-def _cpu_number(dynlib: Any, getter: Any) -> Any:
-    import ctypes
-
-    try:
-        return ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
-    except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5)
-        return _private_cpu_number(getter)
-
-
-def _private_cpu_number(getter: Any) -> Any:
-    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found without reading any
-    file: it is what ``openblas_get_num_threads`` returns, and on x86-64 that function's return
-    value is loaded by ``mov eax, [rip + offset]`` right before ``ret`` (bytes 8b 05, 4 bytes of
-    offset, c3). Trusted only if it holds what the getter returns; None where no such load is found
-    (another architecture or compiler: workers then keep the parent's count)."""
-    import ctypes
-
-    if platform.machine() != "x86_64":
-        return None
-    start = ctypes.cast(getter, ctypes.c_void_p).value
-    if start is None:
-        return None
-    try:  # through /proc/self/mem: a read past the end of the code fails here instead of crashing
-        with open("/proc/self/mem", "rb", buffering=0) as memory:
-            memory.seek(start)
-            code = memory.read(64)
-    except (OSError, OverflowError):
-        return None
-    position = code.find(b"\x8b\x05")
-    while 0 <= position <= len(code) - 7:
-        if code[position + 6] == 0xC3:
-            offset = int.from_bytes(code[position + 2 : position + 6], "little", signed=True)
-            candidate = ctypes.c_int.from_address(start + position + 6 + offset)
-            if candidate.value == getter():
-                return candidate
-        position = code.find(b"\x8b\x05", position + 1)
-    return None
 
 
 def _may_link(path: str) -> bool:
