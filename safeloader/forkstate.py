@@ -72,8 +72,9 @@ class ForkState:
     gomp_live: tuple[str, ...]
     """Those libgomp copies with pool threads alive: this process ran an OpenMP parallel region."""
     gomp_unsafe: tuple[str, ...]
-    """libgomp copies whose parallel regions a forked child must run with 1 thread (more hangs):
-    ``gomp_live``, or every loaded copy when some native thread could not be attributed."""
+    """libgomp copies whose pool may be live: a child forked with it must run their parallel regions
+    with 1 thread (more hangs), unless the pool is released before the fork (the "threadpools"
+    backend does): ``gomp_live``, or every loaded copy when some native thread could not be attributed."""
     pools: tuple[Pool, ...] | None
     """BLAS/OpenMP pools from threadpoolctl; None when not requested or threadpoolctl is not installed."""
     accelerators: tuple[str, ...]

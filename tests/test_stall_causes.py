@@ -35,7 +35,7 @@ def test_safeloader_forks_after_a_parent_thread_releases_the_loader_lock():
 
 # torch's bundled GNU OpenMP: the parent runs a parallel region, a worker raises its
 # thread count and runs one (children/openmp_after_parent_region.py). safeloader's threadpools
-# backend would keep it at one thread.
+# backend would release the parent's pool before the fork (tests/test_openmp_release.py).
 @pytest.mark.torch_baseline
 def test_torch_hangs_on_gnu_openmp_after_the_parent_ran_a_parallel_region():
     assert run_script("openmp_after_parent_region.py", "torch", timeout=15, expect_hang=True).timed_out

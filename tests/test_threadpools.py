@@ -17,7 +17,7 @@ import torch
 import safeloader
 from safeloader import forkstate
 from safeloader._options import available_cores
-from safeloader.backends import threadpools
+from safeloader.backends import _openblas_count, threadpools
 
 from .subproc import check_python, check_script, run_script
 
@@ -103,7 +103,7 @@ def test_openblas_private_thread_count_is_found_in_its_getters_code():
 
     library = next(c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.internal_api == "openblas")
     getter = library._get_symbol("openblas_get_num_threads")
-    found = threadpools._private_cpu_number(getter)
+    found = _openblas_count.private_cpu_number(getter)
     try:
         exported = ctypes.c_int.in_dll(library.dynlib, "blas_cpu_number")  # numpy 2.4's OpenBLAS (0.3.31)
     except ValueError:
@@ -113,11 +113,26 @@ def test_openblas_private_thread_count_is_found_in_its_getters_code():
 
 
 def test_parent_openmp_region_then_budgeted_workers_do_not_hang():
+    # The parent's GNU OpenMP pool is released before each fork: workers run 2-thread regions.
     out = json.loads(check_script("threadpools_openmp_parent.py", "budgeted", timeout=60).stdout.splitlines()[-1])
+    for item in out["items"]:
+        assert item["pools"]["openmp"] == 2 and item["team"] == 2 and item["torch"] == 2  # the budget: no hang
+        assert item["pools"]["openblas"] == 2  # BLAS gets the budget too
+    assert out["after"] == out["before"]
+
+
+def test_a_pool_that_cannot_be_released_keeps_budgeted_workers_at_one_openmp_thread_with_a_warning():
+    # A libgomp without omp_pause_resource_all (older than GCC 9): its pool stays in the parent, so
+    # the workers' OpenMP is pinned at 1 thread (more would hang), and the user is told.
+    result = check_script("threadpools_openmp_parent.py", "budgeted", "no-pause", timeout=60)
+    out = json.loads(result.stdout.splitlines()[-1])
     for item in out["items"]:
         assert item["pools"]["openmp"] == 1 and item["team"] == 1 and item["torch"] == 1  # pinned: no hang
         assert item["pools"]["openblas"] == 2  # BLAS still gets the budget
     assert out["after"] == out["before"]
+    assert result.stderr.count("RuntimeWarning: safeloader: the GNU OpenMP pool of libgomp.so.1") == 1, result.stderr
+    assert "has no omp_pause_resource_all (it is older than GCC 9)" in result.stderr, result.stderr
+    assert "multiprocessing_context='forkserver'" in result.stderr, result.stderr
 
 
 @pytest.mark.torch_baseline
@@ -128,8 +143,13 @@ def test_same_budget_applied_naively_hangs_torch_loader():
     assert result.timed_out, f"expected torch's loader to hang:\n{result}"
 
 
-def test_raising_torch_threads_in_a_pinned_worker_raises_instead_of_hanging():
+def test_raising_torch_threads_in_a_worker_works_once_the_parents_pool_is_released():
     result = check_script("threadpools_openmp_parent.py", "more-threads", timeout=60)
+    assert json.loads(result.stdout.splitlines()[-1]) == "no error"
+
+
+def test_raising_torch_threads_in_a_pinned_worker_raises_instead_of_hanging():
+    result = check_script("threadpools_openmp_parent.py", "more-threads", "no-pause", timeout=60)
     message = json.loads(result.stdout.splitlines()[-1])
     assert "torch.set_num_threads(2) in DataLoader worker 0 would hang" in message
     assert "persistent_workers=True" in message
@@ -228,10 +248,11 @@ def test_fork_records_do_not_keep_the_loader_alive():
 def test_a_pool_started_between_two_forks_of_one_loader_is_seen_at_the_next_fork():
     # One loader's forks reuse the first fork's record of the parent's threads while the
     # threads are the same: an OpenMP pool started after worker 0's fork has new threads,
-    # so worker 1 must be forked knowing it (and keep OpenMP at 1 thread: more would hang).
+    # so worker 1 must be forked knowing it: the pool is released before its fork, and worker 1
+    # runs its OpenMP region with its budget of 2 threads (with the pool kept, more than 1 hangs).
     result = check_script("openmp_between_forks.py", timeout=60)
     workers = json.loads(result.stdout.splitlines()[-1])
-    assert workers == {"0": [False, 2], "1": [True, 1]}
+    assert workers == {"0": [False, 2], "1": [True, 2]}
 
 
 def test_the_name_search_finds_exactly_the_objects_whose_file_name_holds_a_prefix():

@@ -9,7 +9,6 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
-import platform
 import re
 import sys
 from dataclasses import dataclass
@@ -19,7 +18,9 @@ from .. import _registry, forkstate, hook_names
 from .._options import Options
 from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
+from . import _gomp_pause, _torch_threads
 from ._backend import Backend
+from ._openblas_count import cpu_number as _cpu_number
 
 NAME = hook_names.THREADPOOLS
 
@@ -48,8 +49,12 @@ class _Plan:
     limits: tuple[tuple[_Pool, int], ...]
     """(pool, threads) for each pool."""
     torch_threads: int
-    torch_pinned: bool
-    """torch's OpenMP runtime was used by the parent: more than 1 thread would hang."""
+    torch_pinned: str
+    """Why more than 1 thread of torch's OpenMP runtime would hang in the worker: the parent's pool
+    of it could not be released ('' when it was, or there was none)."""
+    unreleased: tuple[tuple[str, str], ...] = ()
+    """(libgomp copy, why) for each GNU OpenMP pool of the parent's that could not be released: its
+    workers' OpenMP stays at 1 thread, which a library setting its own count overrides."""
 
 
 _controller: tuple[tuple[str, ...], tuple[_Pool, ...]] | None = None  # (loaded libraries, their pools)
@@ -227,45 +232,6 @@ def _c_accessors(library: Any, pthreads_openblas: bool) -> tuple[Any, Any, Any]:
     return getter, _cpu_number(dynlib, getter), None
 
 
-def _cpu_number(dynlib: Any, getter: Any) -> Any:
-    import ctypes
-
-    try:
-        return ctypes.c_int.in_dll(dynlib, "blas_cpu_number")
-    except ValueError:  # private in this build (OpenBLAS 0.3.34 in numpy 2.5)
-        return _private_cpu_number(getter)
-
-
-def _private_cpu_number(getter: Any) -> Any:
-    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found without reading any
-    file: it is what ``openblas_get_num_threads`` returns, and on x86-64 that function's return
-    value is loaded by ``mov eax, [rip + offset]`` right before ``ret`` (bytes 8b 05, 4 bytes of
-    offset, c3). Trusted only if it holds what the getter returns; None where no such load is found
-    (another architecture or compiler: workers then keep the parent's count)."""
-    import ctypes
-
-    if platform.machine() != "x86_64":
-        return None
-    start = ctypes.cast(getter, ctypes.c_void_p).value
-    if start is None:
-        return None
-    try:  # through /proc/self/mem: a read past the end of the code fails here instead of crashing
-        with open("/proc/self/mem", "rb", buffering=0) as memory:
-            memory.seek(start)
-            code = memory.read(64)
-    except (OSError, OverflowError):
-        return None
-    position = code.find(b"\x8b\x05")
-    while 0 <= position <= len(code) - 7:
-        if code[position + 6] == 0xC3:
-            offset = int.from_bytes(code[position + 2 : position + 6], "little", signed=True)
-            candidate = ctypes.c_int.from_address(start + position + 6 + offset)
-            if candidate.value == getter():
-                return candidate
-        position = code.find(b"\x8b\x05", position + 1)
-    return None
-
-
 def _may_link(path: str) -> bool:
     """Whether the object loaded from ``path`` can be a link (``_links_to`` then looks). A wheel cannot
     hold links: only a file outside site-packages (a system or conda lib/) can be, and no Python
@@ -299,23 +265,25 @@ def _torch_dir() -> str | None:
     return os.path.realpath(os.path.dirname(path)) + os.sep if path else None
 
 
-def _plan(state: forkstate.ForkState, pools: tuple[_Pool, ...], budget: int, torch_threads: int) -> _Plan:
-    pinned_paths = frozenset(state.gomp_unsafe)
+def _plan(unreleased: dict[str, str], pools: tuple[_Pool, ...], budget: int, torch_threads: int) -> _Plan:
+    """The worker's limits: the budget, but 1 thread for a GNU OpenMP copy in ``unreleased`` (a
+    pool of the parent's that could not be released, with why), where more would hang."""
     limits = []
-    torch_has_openmp = torch_pinned = False
+    torch_has_openmp = False
+    torch_pinned = ""
     for pool in pools:
-        pinned = pool.openmp and pool.path in pinned_paths
+        pinned = unreleased.get(pool.path, "") if pool.openmp else ""
         threads = 1 if pinned else budget
         if threads < _threads(pool) and _lowers_in_place(pool):  # a budget only ever lowers a pool
             limits.append((pool, threads))
         if pool.in_torch:
             torch_has_openmp = True  # the runtime bundled in torch's wheel
             torch_pinned = torch_pinned or pinned
-    if not torch_has_openmp and pinned_paths:
+    if not torch_has_openmp and unreleased:
         # torch uses a shared OpenMP runtime (conda, system libgomp), or we
         # cannot tell which: any pinned runtime pins torch too.
-        torch_pinned = True
-    return _Plan(tuple(limits), 1 if torch_pinned else torch_threads, torch_pinned)
+        torch_pinned = next(iter(unreleased.values()))
+    return _Plan(tuple(limits), 1 if torch_pinned else torch_threads, torch_pinned, tuple(unreleased.items()))
 
 
 def _threads(pool: _Pool) -> int:
@@ -355,59 +323,20 @@ def _set_threads(pool: _Pool, threads: int) -> None:
     library.set_num_threads(threads)
 
 
-from .._torch_internals import WORKER_LOOP_MODULES as _WORKER_LOOPS  # noqa: E402  (their loops set 1 thread)
-from .._torch_internals import WORKER_LOOP_NAMES as _WORKER_LOOP_NAMES  # noqa: E402
-
-
-class _TorchSetNumThreads:
-    """Stands in for ``torch.set_num_threads`` in a worker.
-
-    torch's worker loop calls ``torch.set_num_threads(1)`` after the fork
-    hooks ran; that call gets the budget instead. Afterwards, if torch's
-    OpenMP runtime was used by the parent, asking for more than one thread
-    raises: libgomp would hang at the next parallel region.
-    """
-
-    def __init__(self, original: Any, budget: int, pinned: bool) -> None:
-        self.original = original
-        self.budget = budget
-        self.pinned = pinned
-
-    def __call__(self, num_threads: int) -> None:
-        import torch
-
-        caller = sys._getframe(1)
-        module = caller.f_globals.get("__name__", "")
-        if caller.f_code.co_name in _WORKER_LOOP_NAMES and module.startswith(_WORKER_LOOPS):
-            self.original(self.budget)
-            if not self.pinned:
-                torch.set_num_threads = self.original  # nothing left to guard
-            return
-        if self.pinned and num_threads > 1:
-            context = fork_context()
-            worker = f"DataLoader worker {context.worker_id}" if context else "this DataLoader worker"
-            raise RuntimeError(
-                f"torch.set_num_threads({num_threads}) in {worker} would hang: the parent process ran an OpenMP "
-                "parallel region before forking the worker, and GNU OpenMP hangs a forked child that later runs "
-                "a parallel region with more than 1 thread. torch's threads must stay at 1 here. To use more, "
-                "start the workers before the parent's first multi-threaded torch op (persistent_workers=True "
-                "and iterate once early), or use multiprocessing_context='spawn'."
-            )
-        self.original(num_threads)
-
-
-def _guard_torch_threads(budget: int, pinned: bool) -> None:
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        return
-    original = torch.set_num_threads
-    original = getattr(original, "original", original)
-    torch.set_num_threads = _TorchSetNumThreads(original, budget, pinned)
+def _unreleased_message(path: str, why: str) -> str:
+    return (
+        f"safeloader: the GNU OpenMP pool of {os.path.basename(path)} ({path}) could not be released before "
+        f"forking DataLoader workers: {why}. Its workers' OpenMP threads are limited to 1, but a library that "
+        "sets its own OpenMP thread count (an n_jobs or num_threads argument) makes a worker wait forever in "
+        "its next parallel region. Start the loader outside OpenMP parallel regions, or use "
+        "multiprocessing_context='forkserver' (or 'spawn')."
+    )
 
 
 class ThreadpoolsBackend(Backend):
     name = hook_names.THREADPOOLS
-    description = "each worker's BLAS/OpenMP pools are limited to the thread budget; GNU OpenMP kept safe"
+    description = ("each worker's BLAS/OpenMP pools are limited to the thread budget; the parent's GNU OpenMP pool "
+                   "is released before each fork")
     plan_per_start = True
     libraries = (
         Library(
@@ -416,7 +345,8 @@ class ThreadpoolsBackend(Backend):
             hazard="A worker running a parallel region with >1 thread would hang",
             stall="the worker entered an OpenMP parallel region after the parent had run one; libgomp's thread "
             "pool does not survive fork and the region waits forever.",
-            remedy="keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn)",
+            remedy="keep workers at 1 OpenMP thread (torch.set_num_threads(1) in worker_init_fn) if no library "
+            "there sets its own count (an n_jobs or num_threads argument)",
         ),
         Library(("libopenblas", "libscipy_openblas"), label="OpenBLAS", alone="it restarts its threads in a child"),
         Library(("libomp", "libiomp"), label="LLVM/Intel OpenMP", alone="it restarts its threads in a child"),
@@ -425,6 +355,7 @@ class ThreadpoolsBackend(Backend):
 
     def __init__(self) -> None:
         self._warned_inactive = False
+        self._warned_unreleased: set[str] = set()  # libgomp copies already warned about in this process
 
     def before(self) -> _Plan | None:
         context = fork_context()
@@ -436,7 +367,23 @@ class ThreadpoolsBackend(Backend):
         # (1.17x torch's warm start with 16 cores and 4 workers, against 1.11x without).
         torch_threads = budget if context.options.thread_budget is not None else 1
         state = forkstate.record()
-        return _plan(state, _pools(state.libraries), budget, torch_threads)
+        # GNU OpenMP: a pool this thread started would be the worker's, counting threads it does not
+        # have. Released here, on the forking thread, right before the fork (only where a pool may be
+        # live): the worker has none, whatever thread count a library sets there later.
+        unreleased = _gomp_pause.release(state.gomp_unsafe, state.libraries) if state.gomp_unsafe else {}
+        if unreleased:
+            self._warn_unreleased(unreleased)
+        return _plan(unreleased, _pools(state.libraries), budget, torch_threads)
+
+    def _warn_unreleased(self, unreleased: dict[str, str]) -> None:
+        """Say once per copy and process that a pool stays (here, before the fork: this hook's plan holds
+        for the whole start, so it has no after_in_parent)."""
+        import warnings
+
+        for path, why in unreleased.items():
+            if path not in self._warned_unreleased:
+                self._warned_unreleased.add(path)
+                warnings.warn(_unreleased_message(path, why), RuntimeWarning, stacklevel=2)
 
     def after_in_child(self, plan: _Plan | None) -> None:
         if plan is None:
@@ -444,7 +391,7 @@ class ThreadpoolsBackend(Backend):
         for pool, threads in plan.limits:
             _set_threads(pool, threads)
         if plan.torch_threads > 1 or plan.torch_pinned:  # else torch's worker loop sets 1 itself
-            _guard_torch_threads(plan.torch_threads, plan.torch_pinned)
+            _torch_threads.guard_torch_threads(plan.torch_threads, plan.torch_pinned)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         """Say once that a ``thread_budget`` the user set cannot be applied without threadpoolctl."""

@@ -1,6 +1,7 @@
 """Loaders started after the parent ran an OpenMP parallel region with 2 threads.
 
-argv: the scenario.
+argv: the scenario, then "no-pause" to run it as with a libgomp that has no omp_pause_resource_all
+(older than GCC 9), whose pool safeloader cannot release before the fork.
   budgeted            safeloader, thread_budget=2: prints the items and the parent's pools, as JSON
   naive-torch         torch's loader, threadpoolctl giving each worker 2 threads: prints "finished"
   more-threads        safeloader, a worker_init_fn raising torch's threads to 2: prints the error, as JSON
@@ -22,6 +23,12 @@ parent_team = openmp_team_size()
 assert parent_team == 2, parent_team
 
 scenario = sys.argv[1]
+if sys.argv[2:] == ["no-pause"]:
+    from safeloader import forkstate
+    from safeloader.backends import _gomp_pause
+
+    for path in forkstate.snapshot(pools=False).gomp_loaded:
+        _gomp_pause._pause_of[path] = None  # as found in a copy without the symbol
 if scenario == "budgeted":
     before = pools()
     items = run(safeloader.DataLoader(Report(), batch_size=None, num_workers=2, thread_budget=2))
