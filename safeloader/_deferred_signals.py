@@ -1,15 +1,22 @@
-"""While a loader starts on the main thread, a signal handler's exception waits for the start to end.
+"""While a loader starts on the main thread, an interrupt landing in safeloader's own code waits for the start to end.
 
-Ctrl-C (or any Python signal handler that raises) can land at any bytecode of a start: in
-torch's code, in multiprocessing's, in ``threading``'s own bookkeeping, leaving a lock held
-that the next start waits on forever. So each Python handler is wrapped for the start: it
-runs when the signal comes, as always, but what it raises is kept and raised once the start
-is over, undone (workers stopped) first. A second signal while one waits raises at once:
-pressing Ctrl-C twice always gets out; so does the first one, ``GRACE_SECONDS`` later, in a
-start that does not end (a one-shot timeout must still get through a hang). Handlers set
-meanwhile, and handlers installed in C (faulthandler), are left as they are. A child forked
-during the start (a DataLoader worker) gets the handlers back at once: nothing of the start is
-its to undo.
+Ctrl-C (or any Python signal handler that raises) can land at any bytecode of a start. Landing in
+safeloader's own bookkeeping (the start's set-up and undoing, the registry around each fork), it
+would leave a lock or a half-made state there that the next start waits on forever; so each
+Python handler is wrapped for the start: it runs when the signal comes, as always, and what it
+raises there is kept and raised once the start is over, undone (workers stopped) first. Python's
+own SIGINT handler (Ctrl-C, which no code of the start is waiting to catch) is kept back wherever
+it lands in the start, torch's and the sampler's code included: a Ctrl-C in torch's or
+multiprocessing's code abandoned locks the next start waited on. Every other handler is the
+user's: where its signal lands in code that is not safeloader's (the sampler's ``__iter__``,
+torch's own code), what it raises is raised there, at once, as under torch's loader, so the
+user's code can catch it (``_abandoned_locks`` releases what it left held if it ends the start).
+
+A second signal while one waits raises at once: pressing Ctrl-C twice always gets out; so does
+the first one, ``GRACE_SECONDS`` later, in a start that does not end (a one-shot timeout must
+still get through a hang). Handlers set meanwhile, and handlers installed in C (faulthandler),
+are left as they are. A child forked during the start (a DataLoader worker) gets the handlers
+back at once: nothing of the start is its to undo.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import _signal  # signal's C functions: signal.getsignal/signal convert every handler to an enum
 import _thread
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -98,9 +106,13 @@ class DeferredSignals:
         # clearing it would write the page of each handler and wrapper (copied from the parent).
 
     def _wrap(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
+        kept_back_anywhere = handler is signal.default_int_handler  # Ctrl-C: nobody waits to catch it
+
         def deferring(signum: int, frame: FrameType | None) -> Any:
             if not self._active or self.pending is not None:
                 return handler(signum, frame)  # after the start (a chained handler), or a second signal
+            if not kept_back_anywhere and not in_safeloaders_code(frame):
+                return handler(signum, frame)  # the user's code, or torch's: raised where it landed
             try:
                 return handler(signum, frame)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit, a user's Timeout...
@@ -121,6 +133,20 @@ class DeferredSignals:
             signal.pthread_kill(self._main, signum)
 
 
+def in_safeloaders_code(frame: FrameType | None) -> bool:
+    """Whether the code a signal interrupted is safeloader's own: the innermost frame outside the
+    standard library (``threading``, ``multiprocessing``... run on behalf of their caller) is one
+    of safeloader's modules. Read only when a signal comes during a start."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        package = module.partition(".")[0] if isinstance(module, str) else ""
+        if package not in sys.stdlib_module_names:
+            return package == _PACKAGE
+        frame = frame.f_back
+    return False
+
+
+_PACKAGE = __name__.partition(".")[0]
 _wrapping: list[DeferredSignals] = []
 """The starts whose wrappers are in place (one, or nested starts on the main thread)."""
 
