@@ -424,9 +424,7 @@ def _on_before() -> None:
         # the workers forked so far share), and again when it is freed after the fork.
         _local.start_plans = start_plans if start_plans is not None and planned_for_start else _NO_PLANS
         if context is not None:
-            # Before the hooks, so that none holds anything while this waits (the pin-memory
-            # gate, the frozen gc, the watchdog's clock for this worker)...
-            _import_locks.wait_for_imports_in_other_threads()
+            _import_locks.name_imports_in_other_threads()  # not waited for: the worker forgets them
         interrupts: list[BaseException] = []
         runs = start.start_runs if planned_for_start and start is not None else None
         if runs is not None and runs[0] != _registration.version:
@@ -449,8 +447,6 @@ def _on_before() -> None:
             _local.after_hooks, _local.child_hooks = start.start_runs[2], start.start_runs[3]
             if context is not None:  # (always: `start` is this fork's loader's)
                 _fast_fork.arm(start, context, start.start_runs)
-        if context is not None:
-            _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
             arming.errors.extend(errors)
             _local.parent_failed = bool(errors)
