@@ -148,7 +148,7 @@ def fork_memo(key: str, make: Callable[[], T]) -> T:
 
 def hold_for_start(name: str, release: Callable[[], object]) -> bool:
     """In the hook ``name``'s ``before`` at a worker fork of a start safeloader armed: keep what the
-    hook holds (the pin-memory gate closed, gc paused) until the start ends, instead of undoing it
+    hook holds (the pin-memory gate closed) until the start ends, instead of undoing it
     after each fork: ``release`` runs once when the start ends (``disarm``, on the
     starting thread). Register it before taking what it releases (an interrupt between the two
     must find it registered, so ``release`` must be harmless where nothing was taken). False at
