@@ -29,7 +29,9 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 from tests.children.workers_left import workers_left
 
@@ -69,19 +71,29 @@ def interrupted_by_the_storm(error: BaseException) -> bool:
     return KIND in ("pgroup", "external") and isinstance(error, RuntimeError) and "exited unexpectedly" in str(error)
 
 
-# ``external``: for each start the sender is given a delay, then sends SIGINT to the group (itself
-# ignoring it) and answers; the start's try-block waits for the answer, so the signal lands in it.
+# ``external``: for each start the sender is given the start's number and a delay, then sends SIGINT
+# to the group (itself ignoring it) and writes the number to a file. The start's try-block waits
+# until the number is there, so the signal lands in it. A file, not an answer on a pipe: an answer
+# read just before the KeyboardInterrupt is raised would be lost, and waited for again forever.
 SENDER = """
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+sent = os.open(sys.argv[1], os.O_WRONLY)
 for line in sys.stdin:
-    time.sleep(float(line))
+    start, delay = line.split()
+    time.sleep(float(delay))
     os.killpg(os.getpgrp(), signal.SIGINT)
-    print("sent", flush=True)
+    os.pwrite(sent, start.encode().ljust(16), 0)
 """
-sender = None
+sender = sent_file = None
 if KIND == "external":
-    sender = subprocess.Popen([sys.executable, "-c", SENDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sent_file = tempfile.NamedTemporaryFile(prefix="storm-sent-")
+    sender = subprocess.Popen([sys.executable, "-c", SENDER, sent_file.name], stdin=subprocess.PIPE, text=True)
+
+
+def wait_until_sent(start: int) -> None:
+    while os.pread(sent_file.fileno(), 16, 0).strip() != str(start).encode():
+        time.sleep(0.001)
 
 
 dump_after = float(os.environ.get("STORM_DUMP_SECONDS", "60"))
@@ -98,21 +110,18 @@ for start in range(STARTS):
         thread.join()
         assert len(batches) == 8, batches
         continue
-    answered = sender is None
     try:
         armed = True
         if sender is not None:
-            sender.stdin.write(f"{random.uniform(0.0, 0.06)}\n")
+            sender.stdin.write(f"{start} {random.uniform(0.0, 0.06)}\n")
             sender.stdin.flush()
         else:
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0, 0.06))
         iterator = iter(loader)
         next(iterator)
         if sender is not None:
-            sender.stdout.readline()  # sent by now...
-            answered = True
-            for _ in range(1000):  # ...and its handler runs here at the latest
-                pass
+            wait_until_sent(start)
+            time.sleep(0.01)  # the signal reaches a thread as it was sent: its handler runs by now
         armed = False
     except interrupts:
         interrupted += 1
@@ -123,9 +132,9 @@ for start in range(STARTS):
     finally:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-    if not answered:
-        sender.stdout.readline()
     iterator = None
+    if sender is not None:
+        wait_until_sent(start)  # the start was cut short by this start's signal: nothing more comes
     gc.collect()
 faulthandler.cancel_dump_traceback_later()
 if sender is not None:
