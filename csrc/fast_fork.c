@@ -15,12 +15,14 @@
  * - watched module globals still the objects they were (the registrations' version; no
  *   dynamic-loader section running with the GIL released; torch's pin_memory the gate);
  * - no import running in another thread (importlib's module locks: an empty dict);
- * - gc enabled as it was (the gc hook's pause is held for the whole start, or was not taken);
+ * - gc enabled or not as it was between the forks the Python path made;
  * - no descriptor of a kind whose hook has work (a read-only file, a TCP socket);
  * - the fork is multiprocessing's Popen._launch of a Process whose target is the start's
  *   worker loop, with the worker id and count as positional arguments.
  * It then does what those hooks' `before` would: the watchdog's clock for the worker, the
- * Popen kept for an interrupted start; the other hooks (files, sockets) had nothing to do.
+ * Popen kept for an interrupted start, gc paused for the fork (the gc hook's, where it paused it:
+ * resumed in `after_in_parent`, and in the worker by the gc hook's `after_in_child`, whose plan
+ * says so); the other hooks (files, sockets) had nothing to do.
  * Anything else, or any error: the registry's Python path, unchanged.
  *
  * No Python code runs from this `before` through this `after_in_parent`, so no signal handler
@@ -58,7 +60,8 @@ typedef struct {
     PyObject *reversed_name;  /* "__reversed__" */
     PyObject *globals;     /* tuple of (dict, key, object): dict[key] is object */
     PyObject *empty;       /* tuple of dicts that must be empty */
-    int gc_enabled;
+    int gc_enabled;        /* gc's state between forks */
+    int pause_gc;          /* whether each fork pauses gc (the gc hook's `before` would) */
     long kinds_mask;
     PyObject *launch_code;
     PyObject *target;
@@ -71,6 +74,7 @@ typedef struct {
     long forks;            /* fast forks since armed */
     /* the fork under way */
     int in_fork;
+    int gc_paused;         /* this fork paused gc: resumed after it (or by the next, if cut short) */
     long worker_id;
 } fast_fork_t;
 
@@ -78,7 +82,17 @@ static fast_fork_t fast;
 /* In a child: the worker id and count its parent's fast fork made it, else in_fork 0. */
 static struct { int in_fork; long worker_id, num_workers; } child;
 
+/* Resume gc where a fast fork paused it and its after_in_parent did not run (an interrupt on the
+ * first instruction of the registry's callback): the next fork, or the start's end, does it. */
+static void resume_gc(void) {
+    if (fast.gc_paused) {
+        fast.gc_paused = 0;
+        PyGC_Enable();
+    }
+}
+
 static void clear(void) {
+    resume_gc();
     if (fast.clock.buf != NULL) PyBuffer_Release(&fast.clock);
     Py_CLEAR(fast.thread_ids);
     Py_CLEAR(fast.modules);
@@ -187,7 +201,8 @@ done:
  * the fast path (the registry then returns at once), False when the Python path must run. */
 PyObject *sl_fast_fork_before(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
     if (!armed_here() || fast.python_open || fast.pid != getpid()) Py_RETURN_FALSE;
-    fast.in_fork = 0;  /* an earlier fast fork whose after_in_parent was cut short: nothing to undo */
+    fast.in_fork = 0;  /* an earlier fast fork whose after_in_parent was cut short: only gc to resume */
+    resume_gc();
     PyObject *popen = NULL;
     long worker = -1;
     if (!globals_unchanged() || PyGC_IsEnabled() != fast.gc_enabled || !modules_unchanged()) goto python;
@@ -207,6 +222,10 @@ PyObject *sl_fast_fork_before(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unu
     if (PyList_Append(fast.launches, popen) < 0) goto python;
     Py_DECREF(popen);
     if (fast.clock.buf != NULL) ((double *)fast.clock.buf)[slot] = monotonic();
+    if (fast.pause_gc) {
+        PyGC_Disable();  /* no Python runs: no collection can come between this and the fork */
+        fast.gc_paused = 1;
+    }
     fast.forks++;
     fast.worker_id = worker;
     fast.in_fork = 1;
@@ -221,6 +240,7 @@ python:
 PyObject *sl_fast_fork_after_in_parent(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
     if (fast.in_fork && armed_here()) {
         fast.in_fork = 0;
+        resume_gc();
         Py_RETURN_TRUE;
     }
     Py_RETURN_FALSE;
@@ -239,7 +259,10 @@ PyObject *sl_fast_fork_in_child(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(u
 PyObject *sl_fast_fork_python_fork(PyObject *Py_UNUSED(self), PyObject *open) {
     int value = PyObject_IsTrue(open);
     if (value < 0) return NULL;
-    if (armed_here()) fast.python_open = value;
+    if (armed_here()) {
+        if (value) resume_gc();
+        fast.python_open = value;
+    }
     Py_RETURN_NONE;
 }
 
@@ -255,20 +278,22 @@ PyObject *sl_fast_fork_disarm(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unu
 }
 
 /* fast_fork_arm(thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target,
- *               positions, num_workers, launches, clock) -> bool
+ *               positions, num_workers, launches, clock, gc_state) -> bool
  * thread_ids: sorted tuple; counters: (adds, subs); modules_state: (size, last name, last module);
  * globals: ((dict, key, object), ...); empty: (dict, ...); positions: (worker index, workers index,
- * fewest, most arguments); clock: (writable buffer of doubles, stride, offset) or None.
+ * fewest, most arguments); clock: (writable buffer of doubles, stride, offset) or None;
+ * gc_state: (gc enabled between forks, whether each fork pauses it).
  * False where the fast path cannot be used here (a free-threaded Python). */
 PyObject *sl_fast_fork_arm(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *thread_ids, *modules_state, *globals, *empty, *launch_code, *target, *launches, *clock;
     unsigned long long adds, subs;
     Py_ssize_t worker_index, workers_index, min_args, max_args;
     long num_workers, kinds_mask;
-    if (!PyArg_ParseTuple(args, "O!(KK)O!O!O!lOO(nnnn)lO!O:fast_fork_arm", &PyTuple_Type, &thread_ids, &adds, &subs,
-                          &PyTuple_Type, &modules_state, &PyTuple_Type, &globals, &PyTuple_Type, &empty,
+    int gc_enabled, pause_gc;
+    if (!PyArg_ParseTuple(args, "O!(KK)O!O!O!lOO(nnnn)lO!O(pp):fast_fork_arm", &PyTuple_Type, &thread_ids, &adds,
+                          &subs, &PyTuple_Type, &modules_state, &PyTuple_Type, &globals, &PyTuple_Type, &empty,
                           &kinds_mask, &launch_code, &target, &worker_index, &workers_index, &min_args,
-                          &max_args, &num_workers, &PyList_Type, &launches, &clock))
+                          &max_args, &num_workers, &PyList_Type, &launches, &clock, &gc_enabled, &pause_gc))
         return NULL;
 #ifdef Py_GIL_DISABLED
     Py_RETURN_FALSE;
@@ -327,7 +352,8 @@ PyObject *sl_fast_fork_arm(PyObject *Py_UNUSED(self), PyObject *args) {
     fast.reversed_name = reversed_name;
     fast.globals = Py_NewRef(globals);
     fast.empty = Py_NewRef(empty);
-    fast.gc_enabled = PyGC_IsEnabled();
+    fast.gc_enabled = gc_enabled;
+    fast.pause_gc = pause_gc && gc_enabled;
     fast.kinds_mask = kinds_mask;
     fast.launch_code = Py_NewRef(launch_code);
     fast.target = Py_NewRef(target);

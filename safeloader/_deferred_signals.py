@@ -1,15 +1,25 @@
-"""While a loader starts on the main thread, a signal handler's exception waits for the start to end.
+"""During a loader start on the main thread, a signal handler's exception no user code could catch waits for its end.
 
 Ctrl-C (or any Python signal handler that raises) can land at any bytecode of a start: in
-torch's code, in multiprocessing's, in ``threading``'s own bookkeeping, leaving a lock held
-that the next start waits on forever. So each Python handler is wrapped for the start: it
-runs when the signal comes, as always, but what it raises is kept and raised once the start
-is over, undone (workers stopped) first. A second signal while one waits raises at once:
-pressing Ctrl-C twice always gets out; so does the first one, ``GRACE_SECONDS`` later, in a
-start that does not end (a one-shot timeout must still get through a hang). Handlers set
-meanwhile, and handlers installed in C (faulthandler), are left as they are. A child forked
-during the start (a DataLoader worker) gets the handlers back at once: nothing of the start is
-its to undo.
+safeloader's bookkeeping, in torch's code, in multiprocessing's or ``threading``'s own (seen: a
+lock left held that the next start waited on forever; ``Thread.start`` failing with a KeyError
+when one landed just after the new thread began). So each Python handler is wrapped for the
+start: it runs when the signal comes, as always, and what it raises is kept and raised once the
+start is over, undone (workers stopped) first, wherever no code of the user's could have caught
+it: where, walking out from the interrupted frame to the start's own (safeloader's), every frame
+is safeloader's, torch's or the standard library's. Raised there, it could only have propagated
+out of ``iter(loader)``; kept back, it does so once the start is undone. Where the user's code is among those frames
+(the sampler's ``__iter__``, which torch runs inside the start, and whatever it calls, torch's
+functions included), a handler of the user's raises there at once, as under torch's loader, so
+that code can catch it (a ``setitimer`` time bound, a SIGUSR1 "reload"); what it leaves held if it
+ends the start, ``_abandoned_locks`` releases. Python's own SIGINT handler (Ctrl-C, which no code
+waits to catch) is kept back wherever it lands in the start.
+
+A second signal while one waits raises at once: pressing Ctrl-C twice always gets out; so does
+the first one, ``GRACE_SECONDS`` later, in a start that does not end (a one-shot timeout must
+still get through a hang). Handlers set meanwhile, and handlers installed in C (faulthandler),
+are left as they are. A child forked during the start (a DataLoader worker) gets the handlers
+back at once: nothing of the start is its to undo.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import _signal  # signal's C functions: signal.getsignal/signal convert every handler to an enum
 import _thread
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -98,9 +109,13 @@ class DeferredSignals:
         # clearing it would write the page of each handler and wrapper (copied from the parent).
 
     def _wrap(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
+        kept_back_anywhere = handler is signal.default_int_handler  # Ctrl-C: nobody waits to catch it
+
         def deferring(signum: int, frame: FrameType | None) -> Any:
             if not self._active or self.pending is not None:
                 return handler(signum, frame)  # after the start (a chained handler), or a second signal
+            if not kept_back_anywhere and user_code_between(frame):
+                return handler(signum, frame)  # the user's code may catch it: raised where it landed
             try:
                 return handler(signum, frame)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit, a user's Timeout...
@@ -121,6 +136,23 @@ class DeferredSignals:
             signal.pthread_kill(self._main, signum)
 
 
+def user_code_between(frame: FrameType | None) -> bool:
+    """Whether, walking out from the frame a signal interrupted to the nearest of safeloader's, a
+    frame is the user's: neither safeloader's, torch's nor the standard library's (a sampler, a
+    hook of the user's, a library it calls). An exception raised at ``frame`` may be caught there.
+    Read only when a signal comes during a start; no safeloader frame at all: the user's."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        package = module.partition(".")[0] if isinstance(module, str) else ""
+        if package == _PACKAGE:
+            return False
+        if package != "torch" and package not in sys.stdlib_module_names:
+            return True
+        frame = frame.f_back
+    return True
+
+
+_PACKAGE = __name__.partition(".")[0]
 _wrapping: list[DeferredSignals] = []
 """The starts whose wrappers are in place (one, or nested starts on the main thread)."""
 

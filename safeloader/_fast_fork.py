@@ -6,6 +6,7 @@ How it works and why: docs/internals.md, ``safeloader._fast_fork``.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +17,15 @@ if TYPE_CHECKING:
     from ._registry import Arming, ForkContext
 
 # The per-fork hooks whose work at a start's later forks the C path does or knows to be none: the
-# watchdog's clock (written by the C path), the pin-memory gate and gc's pause (held for the whole
-# start: nothing to do after its first fork), files and sockets (nothing to do while no descriptor
-# of their kind is open: checked by the C path at each fork). A start running any other per-fork
-# hook forks on the Python path.
+# watchdog's clock and gc's pause around the fork (done by the C path), the pin-memory gate (held
+# for the whole start: nothing to do after its first fork), files and sockets (nothing to do while
+# no descriptor of their kind is open: checked by the C path at each fork). A start running any
+# other per-fork hook forks on the Python path.
 BEFORE = frozenset({hook_names.WATCHDOG, hook_names.PIN_MEMORY, hook_names.GC, hook_names.FILES, hook_names.SOCKETS})
 AFTER_IN_PARENT = frozenset({hook_names.PIN_MEMORY, hook_names.GC})
-HELD = (hook_names.PIN_MEMORY, hook_names.GC)
+HELD = (hook_names.PIN_MEMORY,)
+GC_PAUSED = True
+"""The gc hook's plan for a fork around which it paused gc (``backends.gc_freeze``)."""
 _KINDS = {hook_names.FILES: native.READ_ONLY_FILE, hook_names.SOCKETS: native.TCP_SOCKET}
 
 
@@ -67,11 +70,17 @@ def arm(arming: Arming, context: ForkContext, runs: tuple[Any, ...]) -> bool:
     from ._registry import _local
 
     contexts = tuple(dataclasses.replace(context, worker_id=worker) for worker in range(context.num_workers))
-    plans = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
+    plans: dict[str, Any] = {name: NOTHING_TO_DO for name in befores if name in _KINDS}
+    # gc: paused around each fork where the gc hook paused it around this one (its worker resumes it).
+    pause_gc = hook_names.GC in befores and _local.plans.get(hook_names.GC) is GC_PAUSED
+    if pause_gc:
+        plans[hook_names.GC] = GC_PAUSED
+    gc_between_forks = pause_gc or gc.isenabled()
     _local.fast_start = (contexts, plans, arming.start_plans, runs[3])
     armed = native.fast_fork_arm(
         thread_ids, counters, modules_state, tuple(watched), (_import_locks.MODULE_LOCKS,), kinds_mask,
         launch.f_code, target, positions, context.num_workers, arming.launches, clock,
+        (gc_between_forks, pause_gc),
     )
     if not armed:
         _local.fast_start = None
@@ -79,11 +88,7 @@ def arm(arming: Arming, context: ForkContext, runs: tuple[Any, ...]) -> bool:
 
 
 def _would_hold(name: str, context: ForkContext) -> bool:
-    """Whether the hook ``name`` (one of HELD) would pause or close something at a later fork."""
-    if name == hook_names.GC:
-        import gc
-
-        return context.options.freeze_gc and gc.isenabled()  # the C path checks gc stays as it is
+    """Whether the hook ``name`` (one of HELD) would close something at a later fork."""
     from .backends import pin_memory
 
     return pin_memory.gated()

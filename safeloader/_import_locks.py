@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import warnings
-import weakref
 from typing import Any
 
-# How long a worker fork waits for imports running in other threads.
-IMPORT_WAIT_SECONDS = 5.0
-# Import locks a fork already waited IMPORT_WAIT_SECONDS for: later forks do not wait
-# for them again (a thread stuck in an import must not cost every worker 5 s).
-_outlasted_imports: weakref.WeakSet[Any] = weakref.WeakSet()
 MODULE_LOCKS: dict[str, Any] = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
+# (thread id, package) pairs already named in a warning: a thread importing a package is named once
+# per process, not at every fork nor for each of the package's submodules.
+_named: set[tuple[int, str]] = set()
 
 
 def _held_by_other_threads(me: int) -> dict[str, Any]:
@@ -31,36 +27,31 @@ def _held_by_other_threads(me: int) -> dict[str, Any]:
     return held
 
 
-def wait_for_imports_in_other_threads() -> None:
-    """In the parent, before a worker fork: let the imports other threads are running finish.
-
-    Waits at most ``IMPORT_WAIT_SECONDS`` per import, then forks with a warning
-    naming the module (the worker imports it again itself if it needs it).
-    """
-    if not MODULE_LOCKS:  # no import running anywhere (or nothing known to wait for)
+def name_imports_in_other_threads() -> None:
+    """In the parent, before a worker fork: warn once per thread and package of an import another
+    thread is running. The fork does not wait for it (the worker imports it afresh if it needs it:
+    ``forget_imports_of_other_threads``), as torch's loader does not wait."""
+    if not MODULE_LOCKS:  # no import running anywhere (or nothing known to look at)
         return
-    me = threading.get_ident()
-    deadline = None
-    while True:
-        busy = [lock for lock in _held_by_other_threads(me).values() if lock not in _outlasted_imports]
-        if not busy:
-            return
-        now = time.monotonic()
-        if deadline is None:
-            deadline = now + IMPORT_WAIT_SECONDS
-        elif now > deadline:
-            break
-        time.sleep(0.001)
-    names = ", ".join(sorted(str(getattr(lock, "name", "?")) for lock in busy))
-    for lock in busy:
-        _outlasted_imports.add(lock)
-    warnings.warn(
-        f"safeloader: another thread has been importing {names} for more than {IMPORT_WAIT_SECONDS:g} s; "
-        "forking the DataLoader worker anyway (a worker that needs it imports it again: import it "
-        "before starting the loader to avoid that)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    importing: dict[int, list[str]] = {}
+    for name, lock in _held_by_other_threads(threading.get_ident()).items():
+        importing.setdefault(lock.owner, []).append(name)
+    for owner, names in importing.items():
+        package = min(names, key=len).partition(".")[0]  # the outermost import: what the thread asked for
+        if (owner, package) in _named:
+            continue
+        _named.add((owner, package))
+        thread = threading._active.get(owner)  # type: ignore[attr-defined]  # threading's own table
+        who = f"thread {thread.name!r}" if thread is not None else f"native thread {owner}"
+        now = max(names, key=len)
+        where = f", now at {now}" if now != package else ""
+        warnings.warn(
+            f"safeloader: another thread has been importing {package} when DataLoader workers forked "
+            f"({who}{where}); not waited for, as torch's loader does not wait: a worker that imports "
+            f"{package} imports it afresh (import it before starting the loader to avoid that)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def forget_imports_of_other_threads() -> None:

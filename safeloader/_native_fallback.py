@@ -338,6 +338,7 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
 def fast_fork_arm(
     thread_ids: object, counters: object, modules_state: object, globals: object, empty: object, kinds_mask: object,
     launch_code: object, target: object, positions: object, num_workers: object, launches: object, clock: object,
+    gc_state: object,
 ) -> bool:
     return False
 

@@ -148,7 +148,7 @@ def fork_memo(key: str, make: Callable[[], T]) -> T:
 
 def hold_for_start(name: str, release: Callable[[], object]) -> bool:
     """In the hook ``name``'s ``before`` at a worker fork of a start safeloader armed: keep what the
-    hook holds (the pin-memory gate closed, gc paused) until the start ends, instead of undoing it
+    hook holds (the pin-memory gate closed) until the start ends, instead of undoing it
     after each fork: ``release`` runs once when the start ends (``disarm``, on the
     starting thread). Register it before taking what it releases (an interrupt between the two
     must find it registered, so ``release`` must be harmless where nothing was taken). False at
@@ -442,9 +442,7 @@ def _on_before() -> None:
         # the workers forked so far share), and again when it is freed after the fork.
         _local.start_plans = start_plans if start_plans is not None and planned_for_start else _NO_PLANS
         if context is not None:
-            # Before the hooks, so that none holds anything while this waits (the pin-memory
-            # gate, the frozen gc, the watchdog's clock for this worker)...
-            _import_locks.wait_for_imports_in_other_threads()
+            _import_locks.name_imports_in_other_threads()  # not waited for: the worker forgets them
         interrupts: list[BaseException] = []
         runs = start.start_runs if planned_for_start and start is not None else None
         if runs is not None and runs[0] != _registration.version:
@@ -467,8 +465,6 @@ def _on_before() -> None:
             _local.after_hooks, _local.child_hooks = start.start_runs[2], start.start_runs[3]
             if context is not None:  # (always: `start` is this fork's loader's)
                 _fast_fork.arm(start, context, start.start_runs)
-        if context is not None:
-            _import_locks.wait_for_imports_in_other_threads()  # ...and last, for an import started meanwhile (rare)
         if context is not None and context._carrier and arming is not None:
             arming.errors.extend(errors)
             _local.parent_failed = bool(errors)

@@ -217,7 +217,8 @@ def _loaded_counters(release: bool) -> tuple[tuple[int, int] | None, tuple[str, 
 # The fallback never arms it: every fork takes the registry's Python path.
 fast_fork_arm = _impl.fast_fork_arm
 """``fast_fork_arm(thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target,
-positions, num_workers, launches, clock)``: arm the C path for this thread's later forks of a start."""
+positions, num_workers, launches, clock, gc_state)``: arm the C path for this thread's later forks of a start
+(``gc_state``: gc enabled between forks, and whether each fork pauses it)."""
 fast_fork_disarm = _impl.fast_fork_disarm
 """``fast_fork_disarm()``: forget it (on the thread that armed it); how many forks took it."""
 fast_fork_before = _impl.fast_fork_before

@@ -107,7 +107,11 @@ def test_in_a_start_that_does_not_end_the_interrupt_is_raised_after_the_grace():
 
 
 # The storm (tests/children/interrupt_storm.py): interrupts at random moments of many starts.
-@pytest.mark.parametrize("kind", ["sigint", "alarm"])
+# "external": Ctrl-C as a terminal sends it, from another process to the whole process group (the
+# workers too) at a random moment of the start (issue 42, item 8: such a storm hung once in three
+# runs of 100 starts; not seen again here: 3 x 300 "pgroup" and 1 x 300 "external" starts of the
+# code the issue was filed against, and several hundred a kind since, all ended).
+@pytest.mark.parametrize("kind", ["sigint", "alarm", "external"])
 def test_every_start_after_an_interrupt_storm_works_and_no_worker_is_left(kind):
     result = check_script("interrupt_storm.py", "safeloader", "60", kind, timeout=150)
     done = result.stdout.splitlines()[-1].split()
@@ -116,7 +120,7 @@ def test_every_start_after_an_interrupt_storm_works_and_no_worker_is_left(kind):
 
 
 @pytest.mark.torch_baseline
-@pytest.mark.parametrize("kind", ["sigint", "alarm"])
+@pytest.mark.parametrize("kind", ["sigint", "alarm", "external"])
 def test_torchs_loader_hangs_or_fails_in_the_same_storm(kind):
     result = run_script("interrupt_storm.py", "torch", "60", kind, timeout=40, expect_hang=True)
     # Mostly a hang; an interrupt landing early in its iterator's __init__ can instead make torch's

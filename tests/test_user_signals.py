@@ -73,6 +73,18 @@ def test_a_parent_handler_that_raises_raises_at_once_in_a_worker_as_under_torch(
     assert out.splitlines() == [expected, expected], out
 
 
+# A sampler that handles its own signals inside iter(loader), where torch draws the first indices
+# (tests/children/signal_in_sampler.py): a setitimer time bound (SIGALRM raising Timeout) or a
+# SIGUSR1 "reload", each caught by the sampler. Issue 42, item 5: the start used to keep the
+# handler's exception back for its end, so the sampler searched on until the signal was sent again
+# 2 s later (the handler ran twice) and iter(loader) raised the exception the sampler had caught.
+@pytest.mark.parametrize("mode", ["alarm", "reload"])
+def test_a_handler_the_sampler_catches_raises_where_its_signal_lands_and_never_again(mode):
+    expected = {"handled": 1, "caught": 1, "raised": None, "epoch": [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    assert _result("signal_in_sampler.py", "torch", mode, timeout=60) == expected
+    assert _result("signal_in_sampler.py", "safeloader", mode, timeout=60) == expected
+
+
 def test_faulthandler_registration_in_the_parent_is_kept_after_loaders():
     # Before: safeloader looked at the polars pool's native stacks on SIGRTMIN+3 and then put
     # SIG_DFL back, so the user's faulthandler registration was gone: the signal killed the process.

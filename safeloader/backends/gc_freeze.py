@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import gc
 
-from .. import _registry, hook_names
+from .. import _fast_fork, hook_names
 from .._registry import fork_context
 from ._backend import Backend
 
 NAME = hook_names.GC
+PAUSED = _fast_fork.GC_PAUSED
+"""The plan of a fork around which ``before`` paused collection (the C path's later forks too)."""
 
 __all__ = ["BACKEND", "NAME"]
 
@@ -20,43 +22,31 @@ class GcBackend(Backend):
     name = hook_names.GC
     description = "each worker freezes the objects it inherits (no copy-on-write by its garbage collections)"
 
-    def __init__(self) -> None:
-        # On the instance, not in a plan: an interrupt (Ctrl-C) can cut `before` short after the
-        # mark, and after_in_parent must still turn collection back on (a plan would be lost with
-        # `before`). The worker inherits the mark: collection was paused for it.
-        self.paused_here = False
-
-    def before(self) -> None:
+    def before(self) -> bool | None:
         context = fork_context()
         if context is None or not context.options.freeze_gc or not gc.isenabled():
-            return  # also at a start's later forks: paused since its first
+            return None  # the program paused collection itself: left as it is, here and in the worker
         # Paused, not frozen: no collection runs in the worker before it freezes what it inherited,
         # and the parent's generations stay as they were (unfreezing here would move every young
         # object, the starting iterator too, into the oldest generation: cyclic garbage would
-        # then wait for a full collection). Marked first: unpausing what is not paused is harmless.
-        # At a start safeloader armed, paused until its last fork (a collection between two forks
-        # would write pages the workers forked so far share), and nothing to do at its other forks.
-        _registry.hold_for_start(NAME, self._resume)
-        self.paused_here = True
+        # then wait for a full collection). Paused around this fork only, as torch leaves gc between
+        # forks and while it runs the sampler's __iter__: a start's garbage (a sampler's cycles) is
+        # collected as under torch. The plan first: cut short after it, after_in_parent still
+        # resumes collection (resuming what is not paused is harmless).
+        self.set_plan(PAUSED)
         gc.disable()
+        return PAUSED
 
-    def _resume(self) -> None:
-        if self.paused_here:
-            gc.enable()  # then unmarked: interrupted between the two, it runs again (harmlessly)
-            self.paused_here = False
+    def after_in_parent(self, plan: bool | None) -> None:
+        if plan is PAUSED:
+            gc.enable()
 
-    def after_in_parent(self, plan: None) -> None:
-        if self.paused_here and not _registry.held_for_start(NAME):
-            gc.enable()  # then unmarked: interrupted between the two, it runs again (harmlessly)
-            self.paused_here = False
-
-    def after_in_child(self, plan: None) -> None:
+    def after_in_child(self, plan: bool | None) -> None:
         context = fork_context()
         # Objects the program froze itself are left to it (gc.get_freeze_count() > 0), as in the parent.
         if context is not None and context.options.freeze_gc and gc.get_freeze_count() == 0:
             gc.freeze()
-        if self.paused_here:
-            self.paused_here = False
+        if plan is PAUSED:
             gc.enable()
 
 

@@ -6,9 +6,9 @@ argv: the mode, then the number of starts.
 - ``file``: a file is opened read-only in the parent after the start's second fork.
 - ``hook``: a hook of the user's own runs at every fork (``safeloader.register_at_fork``).
 Prints one JSON line: per start, the forks (0-based) whose ``before`` ran the registry's Python path,
-what the parent was like after each fork (gc paused, pin-memory gate closed, the watchdog's clock for
+what the parent was like after each fork (gc enabled, pin-memory gate closed, the watchdog's clock for
 that worker set at the fork, safeloader's Python functions its callbacks called), after the start,
-and the items each worker returned.
+and the items each worker returned (with whether gc was paused when the worker began: at its fork).
 """
 
 import gc
@@ -21,9 +21,18 @@ import time
 
 import torch
 
-import safeloader
-from safeloader import _registry, watchdog
-from safeloader.backends import pin_memory
+gc_at_fork = {"enabled": None}  # in a worker: gc's state when its first at-fork callback ran
+
+
+def first_in_worker() -> None:  # registered before safeloader's: runs first in each worker
+    gc_at_fork["enabled"] = gc.isenabled()
+
+
+os.register_at_fork(after_in_child=first_in_worker)
+
+import safeloader  # noqa: E402  (after first_in_worker's registration)
+from safeloader import _registry, watchdog  # noqa: E402
+from safeloader.backends import pin_memory  # noqa: E402
 
 mode, starts = sys.argv[1], int(sys.argv[2])
 WORKERS = 4
@@ -94,6 +103,7 @@ class Items(torch.utils.data.Dataset):
             "context_worker": context.worker_id if context is not None else None,
             "context_workers": context.num_workers if context is not None else None,
             "gc_enabled": gc.isenabled(),
+            "gc_paused_at_fork": gc_at_fork["enabled"] is False,
             "gc_frozen": gc.get_freeze_count() > 0,
         }
 
