@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import onnxruntime_sessions
+from . import duckdb_connections, onnxruntime_sessions
 
 __all__ = [
     "KNOWN", "Known", "Library", "entries", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes",
@@ -110,11 +110,19 @@ KNOWN: tuple[Known, ...] = (
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(
         ("duckdb",),
+        SURVIVES,
+        "no open connection's database has async I/O threads (async_threads=0): its scheduler copes with fork, "
+        "a worker's query runs on its calling thread (checked: 2.0.1)",
+        since="2.0",
+        when=duckdb_connections.without_async_threads,
+    ),
+    Known(
+        ("duckdb",),
         HANGS,
         "a query on a connection opened before the fork waits forever in a forked worker for DuckDB's async "
         "I/O threads (a parquet scan; checked: 2.0.1, also with SET threads=1)",
-        "SET async_threads=0 on that connection in each worker before its first query (worker_init_fn), "
-        "or open the connection in each worker",
+        "SET async_threads=0 on the connection in the parent before the loader starts, or open the connection "
+        "in each worker",
         label="DuckDB",
     ),
     Known(

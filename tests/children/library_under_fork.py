@@ -2,7 +2,7 @@
 
 argv: the case (``CASES``), the loaders to run in turn, comma-separated (``torch``: torch's own
 DataLoader, its fork and a 20 s ``timeout``; ``safeloader``: safeloader's DataLoader with default
-arguments; ``safeloader-ignore``: with ``on_unsafe_fork='ignore'``), and a scratch directory. The
+arguments), and a scratch directory. The
 parent runs the case's work with the library's pool on more than one thread, then 2 workers run
 it for 4 items. Prints one JSON object per loader: ``parent_threads`` (the library's threads that
 took CPU in the parent's work), ``expected`` (the parent's own values), ``items`` (each item: its
@@ -14,6 +14,7 @@ library's threads that took CPU in that worker by then), ``warnings`` (UnsafeFor
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 
@@ -138,13 +139,13 @@ def numba_workqueue_case() -> tuple[str, Callable[[int], object]]:
 
 def duckdb_case(remedy: bool = False) -> tuple[str, Callable[[int], object]]:
     # The workload, scaled down: a group-by in the parent, a group-by and a parquet scan per
-    # item. The scan is what waits (for DuckDB's async I/O threads), at any size: 200,000 rows.
+    # item. The scan is what waits (for DuckDB's async I/O threads), at any size; 1M rows keep its threads busy.
     import duckdb
 
     connection = duckdb.connect()
     if remedy:  # the remedy the refusal names: no async I/O threads, in the parent (SET in a worker crashes it)
         connection.execute("SET async_threads=0")
-    connection.execute("create table t as select i % 1000 as k, i as v from range(200000) r(i)")
+    connection.execute("create table t as select i % 1000 as k, i as v from range(1_000_000) r(i)")
     parquet = os.path.join(sys.argv[3], "t.parquet")
     connection.execute(f"copy t to '{parquet}' (format parquet)")
     connection.execute("select k, sum(v) from t group by k").fetchall()
@@ -205,8 +206,6 @@ class UsesTheLibrary(torch.utils.data.Dataset):
 def run(loader: str) -> dict:
     loader_type = torch.utils.data.DataLoader if loader == "torch" else safeloader.DataLoader
     options: dict = {"timeout": 20} if loader == "torch" else {}
-    if loader == "safeloader-ignore":  # forked as torch forks, past the fork-time check
-        options = {"on_unsafe_fork": "ignore", "stall_timeout": 20}
     items: list = []
     error = ""
     with warnings.catch_warnings(record=True) as caught:
@@ -223,6 +222,7 @@ def run(loader: str) -> dict:
 
 
 expected = [work(i) for i in range(4)]
+time.sleep(0.3)  # the pool idle, as between the steps of a program (some threads spin a while first)
 parent_threads = busy_threads(MARKER)
 for loader in LOADER.split(","):
     result = {"parent_threads": parent_threads, "expected": expected, **run(loader)}
