@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(150)
 # their threads off in a forked child, onnxruntime's caller does what no pool thread took).
 SURVIVES = {
     "tokenizers": False, "pyarrow": True, "numcodecs": False, "numexpr": True, "numba-workqueue": True,
-    "onnxruntime": False, "duckdb-async-threads-0": False,
+    "onnxruntime": False, "duckdb-async-threads-0": False, "torch-intra-op": False,
 }
 # Hangs under torch's loader: safeloader refuses before any worker starts, naming what it found.
 HANGS = {
@@ -39,6 +39,7 @@ HANGS = {
 ROWS = {
     "tokenizers": "tokenizers", "pyarrow": "pyarrow", "numcodecs": "numcodecs", "numexpr": "numexpr",
     "workqueue": "numba-workqueue", "onnxruntime": "onnxruntime", "duckdb": "duckdb-async-threads-0",
+    "libtorch": "torch-intra-op",
     # Proven elsewhere, for the usage they name: tests/test_ray_accelerate.py (Ray's threads live in
     # the Ray Train worker, DataLoader workers that do not call Ray read every shard); CUDA needs a
     # GPU (tests/test_torch_state.py: the worker's CUDA call gets torch's own error, not a wait).

@@ -99,13 +99,20 @@ KNOWN: tuple[Known, ...] = (
     # What is known of libraries no backend handles; the handled ones come from their backends.
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(
-        ("libtorch", "libc10"),
+        ("libc10",),
         HANGS,
         "a task for torch's inter-op pool (torch.jit.fork in TorchScript, at::launch) waits forever in a forked "
-        "worker: the pool is not started afresh there (checked: torch 2.15)",
+        "worker: the pool is not started afresh there (checked: torch 2.13)",
         "start the workers before the parent first uses torch's inter-op pool, or pass on_unsafe_fork='ignore' "
         "if the workers never use it",
         label="torch's inter-op pool",
+    ),
+    Known(
+        ("libtorch",),
+        SURVIVES,
+        "the thread of libtorch's own that torch's intra-op work leaves live: workers that do torch's work read "
+        "what the parent reads (checked: torch 2.13)",
+        label="torch (its own threads)",
     ),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
     Known(

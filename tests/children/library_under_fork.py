@@ -65,6 +65,18 @@ def torch_case() -> tuple[str, Callable[[int], object]]:
     return "libc10", work
 
 
+def torch_intra_op_case() -> tuple[str, Callable[[int], object]]:
+    # torch's intra-op work on 2 threads (GNU OpenMP's, counted) leaves a thread of libtorch_cpu's
+    # own live in the parent; a worker does the same work on torch's 1 thread.
+    torch.set_num_threads(2)
+    values = torch.arange(4_000_000, dtype=torch.int64)
+
+    def work(index: int) -> object:
+        return [int((values * (index + 1)).sum()), int(values.cumsum(0)[index * 1000])]
+
+    return "libgomp", work
+
+
 def _product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     for _ in range(300):
         x = torch.sin(x * matrix) + x / 2
@@ -188,7 +200,7 @@ def onnxruntime_case(mode: str = "ORT_SEQUENTIAL") -> tuple[str, Callable[[int],
 
 CASES = {
     "tokenizers": tokenizers_case, "torch": torch_case, "pyarrow": pyarrow_case, "numcodecs": numcodecs_case,
-    "numexpr": numexpr_case, "numba-workqueue": numba_workqueue_case,
+    "numexpr": numexpr_case, "numba-workqueue": numba_workqueue_case, "torch-intra-op": torch_intra_op_case,
     "duckdb": duckdb_case, "duckdb-async-threads-0": lambda: duckdb_case(remedy=True),
     "onnxruntime": onnxruntime_case, "onnxruntime-parallel": lambda: onnxruntime_case("ORT_PARALLEL"),
 }
