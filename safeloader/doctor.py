@@ -320,7 +320,7 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 "its own background threads",
             )
         else:
-            if known is not None and known.fork == native_libraries.ABORTS:
+            if known is not None and known.fork in (native_libraries.ABORTS, native_libraries.HANGS):
                 remedy = f"its own setting: {known.remedy}, or " if known.remedy else ""
                 add("pool", owner, f"{what}: {known.by}", "breaks", remedy=remedy + forkserver)
             else:
@@ -335,7 +335,7 @@ def _hazards(state: forkstate.ForkState) -> list[dict[str, Any]]:
                 )
     for path in native_libraries.used_runtimes():  # pools on another library's threads (numba's on OpenMP's)
         known = native_libraries.known(path)
-        if known is not None and known.fork == native_libraries.ABORTS:
+        if known is not None and known.fork in (native_libraries.ABORTS, native_libraries.HANGS):
             owner = f"{native_libraries.package_of(path)} ({os.path.basename(path)})"
             remedy = f"its own setting: {known.remedy}, or " if known.remedy else ""
             add("pool", owner, f"{owner} was used in this process: {known.by}", "breaks", remedy=remedy + forkserver)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from . import duckdb_connections, onnxruntime_sessions
 
 __all__ = [
     "KNOWN", "Known", "Library", "entries", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes",
@@ -18,6 +20,7 @@ __all__ = [
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
 SURVIVES = "survives"  # the library copes with fork by itself; ``by`` says how
 ABORTS = "aborts"  # the library kills a forked child that uses it; ``remedy`` is its own setting
+HANGS = "hangs"  # a forked child that uses it waits forever; ``remedy`` is its own setting
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Known:
     names: tuple[str, ...]
     """File-name prefixes of the shared objects, or names of the Python packages that ship them."""
     fork: str
-    """HANDLED, SURVIVES or ABORTS."""
+    """HANDLED, SURVIVES, ABORTS or HANGS."""
     by: str
     """The backend that handles it (HANDLED), or why it is safe (SURVIVES) or how it fails (ABORTS)."""
     remedy: str = ""
@@ -40,10 +43,14 @@ class Known:
     """Why a worker waiting inside it is stuck, for the stall report."""
     alone: str = ""
     """For HANDLED: why it is fork-safe even without its backend ('' when it is not)."""
+    when: Callable[[], bool] | None = None
+    """Whether the entry holds for this process as it is now (onnxruntime: how its live sessions
+    run); None for always. Asked only for a library whose threads are live."""
 
     def applies(self, package: str) -> bool:
-        """Whether the installed ``package`` is at least ``since`` (read from its metadata once)."""
-        return not self.since or _at_least(package, self.since)
+        """Whether the installed ``package`` is at least ``since`` (read from its metadata once) and
+        the process is in the state ``when`` asks for."""
+        return (not self.since or _at_least(package, self.since)) and (self.when is None or self.when())
 
 
 @dataclass(frozen=True)
@@ -103,19 +110,53 @@ KNOWN: tuple[Known, ...] = (
     # What is known of libraries no backend handles; the handled ones come from their backends.
     Known(("tokenizers",), SURVIVES, "turns its parallelism off in a forked child (and says so once)"),
     Known(
-        ("libtorch", "libc10"),
+        ("libc10",),
+        HANGS,
+        "a task for torch's inter-op pool (torch.jit.fork in TorchScript, at::launch) waits forever in a forked "
+        "worker: the pool is not started afresh there (checked: torch 2.13)",
+        "start the workers before the parent first uses torch's inter-op pool, or pass on_unsafe_fork='ignore' "
+        "if the workers never use it",
+        label="torch's inter-op pool",
+    ),
+    Known(
+        ("libtorch",),
         SURVIVES,
-        "torch's own fork handlers (pthread_atfork) mark its pools unusable in a child, which starts new ones "
-        "on first use",
-        label="torch (its thread pools)",
+        "the thread of libtorch's own that torch's intra-op work leaves live: workers that do torch's work read "
+        "what the parent reads (checked: torch 2.13)",
+        label="torch (its own threads)",
     ),
     Known(("pyarrow", "libarrow"), SURVIVES, "restarts its thread pools in a forked child (Arrow's at-fork handlers)"),
-    Known(("cv2", "libopencv"), SURVIVES, "starts its thread pool afresh in a forked child"),
     Known(
         ("duckdb",),
         SURVIVES,
-        "restarts its task scheduler in a forked child (checked: 2.0.1, parallel queries in 2 workers)",
+        "no open connection's database has async I/O threads (async_threads=0): its scheduler copes with fork, "
+        "a worker's query runs on its calling thread (checked: 2.0.1)",
         since="2.0",
+        when=duckdb_connections.without_async_threads,
+    ),
+    Known(
+        ("duckdb",),
+        HANGS,
+        "a query on a connection opened before the fork waits forever in a forked worker for DuckDB's async "
+        "I/O threads (a parquet scan; checked: 2.0.1, also with SET threads=1)",
+        "SET async_threads=0 on the connection in the parent before the loader starts, or open the connection "
+        "in each worker",
+        label="DuckDB",
+    ),
+    Known(
+        ("onnxruntime",),
+        SURVIVES,
+        "every live InferenceSession runs sequentially (the default): a run in a forked worker does on the "
+        "calling thread what no intra-op pool thread took (checked: 1.32)",
+        when=onnxruntime_sessions.sequential_only,
+    ),
+    Known(
+        ("onnxruntime",),
+        HANGS,
+        "an InferenceSession in ExecutionMode.ORT_PARALLEL: a run in a forked worker waits forever for its "
+        "inter-op pool's threads (checked: 1.32)",
+        "execution_mode=ExecutionMode.ORT_SEQUENTIAL (the default), or create the session in each worker",
+        when=onnxruntime_sessions.parallel,
     ),
     Known(
         ("numcodecs",),
@@ -125,7 +166,6 @@ KNOWN: tuple[Known, ...] = (
         since="0.16",
     ),
     Known(("numexpr",), SURVIVES, "restarts its thread pool in a forked child (its own at-fork handler)"),
-    Known(("grpc",), SURVIVES, "gRPC's fork support; channels are reopened by the sockets backend"),
     Known(("ray",), SURVIVES, "Ray's threads serve the Ray worker; DataLoader workers do not call Ray"),
     Known(
         ("libcuda", "libcudart", "libnvidia", "libnccl", "libcupti", "nvidia"),

@@ -2,7 +2,8 @@
 
 The parent uses tokenizers (a rayon pool that turns itself off in a forked child), pyarrow
 (thread pools Arrow restarts after fork), numcodecs' Blosc (C-Blosc drops its pool in a forked
-child), polars (its backend), sqlite, zarr (its asyncio
+child), polars (its backend), onnxruntime's default (sequential) session (the calling thread
+runs what no intra-op thread took), DuckDB without async I/O threads (its scheduler copes), sqlite, zarr (its asyncio
 thread), a logging QueueListener and a tqdm monitor thread; then a safeloader loader with
 default arguments reads every one of them in 2 forked workers. Prints ``LIVE <packages owning
 live native threads>``, ``ITEMS <list>`` (each item: its values and whether a forked child of this process made it) and
@@ -19,15 +20,18 @@ import time
 import warnings
 from pathlib import Path
 
+import duckdb
 import numcodecs
 import numcodecs.blosc
 import numpy as np
+import onnxruntime
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import zarr
+from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tqdm import tqdm
 
@@ -50,6 +54,21 @@ numcodecs.blosc.use_threads = True  # zarr 3 turns it off at import; a program u
 numcodecs.blosc.set_nthreads(2)  # on the main thread, numcodecs then decodes with C-Blosc's global pool
 blosc = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE, blocksize=1 << 16)
 chunk = blosc.encode(np.arange(1 << 20, dtype="i8"))  # 8 MB: 128 blocks, so the pool's threads run
+weights = numpy_helper.from_array(np.eye(256, dtype=np.float32), "W")
+graph = helper.make_graph(
+    [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 256])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 256])], [weights],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 9
+options = onnxruntime.SessionOptions()  # the default execution mode: sequential
+options.intra_op_num_threads = 2
+options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads block: attributed
+session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+duck = duckdb.connect()
+duck.execute("SET async_threads=0")  # what DuckDB needs to survive fork (test_library_pools_under_fork.py)
+duck.execute("create table t as select i % 100 as k, i as v from range(1000000) r(i)")
 listener = logging.handlers.QueueListener(queue.Queue())
 listener.start()
 for _ in tqdm(range(3), mininterval=0, file=open(os.devnull, "w")):  # tqdm's monitor thread
@@ -63,7 +82,9 @@ def values(index: int) -> list[int]:
     with sqlite3.connect(database) as connection:
         rows = connection.execute("select count(*) from t where x < ?", (index,)).fetchone()[0]
     decoded = int(np.frombuffer(blosc.decode(chunk), dtype="i8")[index * 1000])
-    return [tokens, arrow, frame, rows, int(array[index * 5]), decoded]
+    inferred = float(session.run(None, {"x": np.full((2048, 256), index, np.float32)})[0].sum())
+    grouped = duck.execute("select sum(v) from t group by k order by k").fetchall()[index][0]
+    return [tokens, arrow, frame, rows, int(array[index * 5]), decoded, int(inferred), int(grouped)]
 
 
 class FineUnderFork(torch.utils.data.Dataset):
