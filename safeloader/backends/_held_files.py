@@ -1,0 +1,182 @@
+"""The files a loader's workers can reach: the descriptors its Dataset, sampler, collate_fn and
+worker_init_fn hold, found once per start by a bounded walk of those objects.
+
+How it works and why: docs/internals.md, ``safeloader.backends._held_files``.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import stat
+import sys
+from collections import deque
+from collections.abc import Iterator
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+from .. import native
+
+EVERY_FILE = "every read-only file"
+"""What ``held_descriptors`` answers where an object holds a file it cannot locate (an HDF5 file
+on a Python file object, a loader with no objects to walk): privatize them all, as before."""
+
+_MAX_NODES = 100_000  # objects visited per start: beyond, the rest of the graph is not searched
+_MAX_CONTAINER = 10_000  # longer lists, dicts and sets (file lists, index tables) are not searched
+# Never searched inside: values that hold no file (ints are looked at, as possible descriptors).
+_LEAVES = (str, bytes, bytearray, float, complex, bool, type, ModuleType, BuiltinFunctionType, range)
+_CONTAINERS = (list, tuple, set, frozenset, deque)
+_slot_names: dict[type, tuple[str, ...]] = {}
+# Extension types that hold a Python file object in an attribute of their own (no __dict__): by
+# top-level package, the attributes to follow. PyAV: a container's PyIOFile (``.file``), its file (``.file``).
+_NATIVE_HOLDERS = {"av": ("file",)}
+
+
+def roots(loader: Any) -> list[Any]:
+    """What a worker of ``loader`` is handed: its Dataset, samplers, collate_fn and worker_init_fn."""
+    init = getattr(loader, "worker_init_fn", None)
+    # safeloader's own WorkerInit wraps the user's function (duck-typed: _loader is a higher layer).
+    init = getattr(init, "user_fn", init)
+    names = ("dataset", "sampler", "batch_sampler", "collate_fn")
+    return [getattr(loader, name, None) for name in names] + [init]
+
+
+def held_descriptors(loader: Any) -> frozenset[int] | str:
+    """The descriptors of regular files ``loader``'s objects hold (file objects, raw descriptor
+    numbers, HDF5 files, anything built on them), or ``EVERY_FILE``."""
+    if loader is None:
+        return EVERY_FILE
+    fds: set[int] = set()
+    numbers: set[int] = set()
+    identities: set[tuple[int, int]] = set()
+    h5py_files: set[int] = set()
+    h5py = sys.modules.get("h5py")
+    hl_object = getattr(getattr(h5py, "_hl", None), "base", None)
+    hl_object = getattr(hl_object, "HLObject", None)
+    for node in _walk(roots(loader)):
+        # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
+        # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
+        cls = type(node)
+        if issubclass(cls, int):
+            numbers.add(node)
+        elif issubclass(cls, io.IOBase):
+            fd = _fileno(node)
+            if fd is not None:
+                fds.add(fd)
+        elif hl_object is not None and issubclass(cls, hl_object):
+            if not _h5py_file(node, h5py, fds, identities, h5py_files):
+                return EVERY_FILE
+    # A number the Dataset holds may be a raw descriptor (os.open): kept if it names a regular file.
+    fds.update(fd for fd in numbers if 0 <= fd < _descriptor_limit() and _is_regular_file(fd))
+    if identities:  # files known by path only (HDF5 on the stdio driver): their descriptors, by inode
+        fds.update(fd for fd, mode, dev, ino in native.descriptor_table()
+                   if stat.S_ISREG(mode) and (dev, ino) in identities)
+    return frozenset(fds)
+
+
+def _walk(start: list[Any]) -> Iterator[Any]:
+    """Each object reachable from ``start`` through instance attributes (``__dict__`` and slots),
+    containers, closures, partials and bound methods; at most ``_MAX_NODES`` of them."""
+    seen: set[int] = set()
+    stack = [node for node in start if node is not None]
+    while stack and len(seen) < _MAX_NODES:
+        node = stack.pop()
+        if node is None or isinstance(node, _LEAVES) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        if isinstance(node, int):
+            continue
+        if isinstance(node, dict):
+            if len(node) <= _MAX_CONTAINER:
+                stack.extend(node.values())
+            continue
+        if isinstance(node, _CONTAINERS):
+            if len(node) <= _MAX_CONTAINER:
+                stack.extend(node)
+            continue
+        if isinstance(node, FunctionType):
+            stack.extend(cell.cell_contents for cell in node.__closure__ or () if _filled(cell))
+            stack.extend(node.__defaults__ or ())
+            continue
+        if isinstance(node, MethodType):
+            stack.extend((node.__self__, node.__func__))
+            continue
+        if isinstance(node, functools.partial):
+            stack.extend((node.func, *node.args, *node.keywords.values()))
+        cls = type(node)
+        attributes = getattr(node, "__dict__", None)
+        if isinstance(attributes, dict):
+            stack.extend(attributes.values())
+        for name in _slots(cls):
+            stack.append(getattr(node, name, None))
+        for name in _NATIVE_HOLDERS.get(cls.__module__.partition(".")[0], ()):
+            stack.append(getattr(node, name, None))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        return cell.cell_contents is not cell  # reading it is the test
+    except ValueError:  # a closure variable not yet assigned
+        return False
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``cls`` and its bases (cached per class)."""
+    names = _slot_names.get(cls)
+    if names is None:
+        found: list[str] = []
+        for klass in cls.__mro__:
+            slots = vars(klass).get("__slots__", ())
+            found.extend([slots] if isinstance(slots, str) else slots)
+        names = _slot_names[cls] = tuple(name for name in found if name not in ("__dict__", "__weakref__"))
+    return names
+
+
+def _fileno(f: io.IOBase) -> int | None:
+    try:
+        return None if f.closed else f.fileno()
+    except Exception:  # in-memory or remote file objects (BytesIO, fsspec): no descriptor
+        return None
+
+
+def _is_regular_file(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def _descriptor_limit() -> int:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _h5py_file(obj: Any, h5py: Any, fds: set[int], identities: set[tuple[int, int]], done: set[int]) -> bool:
+    """Add the descriptor (or identity) of the HDF5 file behind ``obj`` (a File, Group or Dataset);
+    False where it reads through a Python file object safeloader cannot locate."""
+    from h5py import h5f, h5fd, h5i
+
+    try:
+        with h5py._objects.phil:
+            fid = h5i.get_file_id(obj.id)
+            if fid.fileno in done:
+                return True
+            done.add(fid.fileno)
+            driver = fid.get_access_plist().get_driver()
+            if driver in (h5fd.SEC2, getattr(h5fd, "DIRECT", h5fd.SEC2)):
+                fds.add(fid.get_vfd_handle())
+                return True
+            if driver == h5fd.fileobj_driver:
+                return False
+            name = os.fsdecode(h5f.get_name(fid))
+    except (ValueError, RuntimeError, TypeError, AttributeError):  # closed, or an unknown driver
+        return True
+    try:
+        found = os.stat(name)
+    except OSError:  # moved or deleted since: cannot be matched
+        return False
+    identities.add((found.st_dev, found.st_ino))
+    return True
