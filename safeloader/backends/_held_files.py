@@ -22,10 +22,19 @@ EVERY_FILE = "every read-only file"
 """What ``held_descriptors`` answers where an object holds a file it cannot locate (an HDF5 file
 on a Python file object, a loader with no objects to walk): privatize them all, as before."""
 
-_MAX_NODES = 100_000  # objects visited per start: beyond, the rest of the graph is not searched
+_MAX_NODES = 20_000  # objects visited per start, nearest first: beyond, the rest is not searched
 _MAX_CONTAINER = 10_000  # longer lists, dicts and sets (file lists, index tables) are not searched
-# Never searched inside: values that hold no file (ints are looked at, as possible descriptors).
-_LEAVES = (str, bytes, bytearray, float, complex, bool, type, ModuleType, BuiltinFunctionType, range)
+# A container of more items is searched by kind: the first _PROBE items of each type are searched
+# (within _PROBE_NODES objects), and the others of that type only if those held a file. Large
+# collections are homogeneous (annotation records, shard readers): 9,000 records of a dict and a
+# list each cost ~20,000 visits searched whole, and a few dozen this way.
+_LARGE = 32
+_PROBE = 4
+_PROBE_NODES = 2_000
+# Never searched inside, and never queued (checked by exact type, the cheapest test): values that
+# hold no file. Ints are looked at where an attribute holds them, as possible descriptors.
+_LEAF_TYPES = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None), range})
+_NOT_SEARCHED = (type, ModuleType, BuiltinFunctionType)
 _CONTAINERS = (list, tuple, set, frozenset, deque)
 _slot_names: dict[type, tuple[str, ...]] = {}
 # Extension types that hold a Python file object in an attribute of their own (no __dict__): by
@@ -44,7 +53,7 @@ def roots(loader: Any) -> list[Any]:
 
 def held_descriptors(loader: Any) -> frozenset[int] | str:
     """The descriptors of regular files ``loader``'s objects hold (file objects, raw descriptor
-    numbers, HDF5 files, anything built on them), or ``EVERY_FILE``."""
+    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``."""
     if loader is None:
         return EVERY_FILE
     fds: set[int] = set()
@@ -54,13 +63,11 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
     h5py = sys.modules.get("h5py")
     hl_object = getattr(getattr(h5py, "_hl", None), "base", None)
     hl_object = getattr(hl_object, "HLObject", None)
-    for node in _walk(roots(loader)):
+    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object):
         # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
         # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
         cls = type(node)
-        if issubclass(cls, int):
-            numbers.add(node)
-        elif issubclass(cls, io.IOBase):
+        if issubclass(cls, io.IOBase):
             fd = _fileno(node)
             if fd is not None:
                 fds.add(fd)
@@ -75,44 +82,68 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
     return frozenset(fds)
 
 
-def _walk(start: list[Any]) -> Iterator[Any]:
+def _walk(start: Any, numbers: set[int], budget: int, hl_object: type | None) -> Iterator[Any]:
     """Each object reachable from ``start`` through instance attributes (``__dict__`` and slots),
-    containers, closures, partials and bound methods; at most ``_MAX_NODES`` of them."""
+    containers (large ones by kind), closures, partials and bound methods, nearest first, at most
+    ``budget``; the ints that attributes hold go to ``numbers``."""
     seen: set[int] = set()
-    stack = [node for node in start if node is not None]
-    while stack and len(seen) < _MAX_NODES:
-        node = stack.pop()
-        if node is None or isinstance(node, _LEAVES) or id(node) in seen:
+    queue = deque(node for node in start if type(node) not in _LEAF_TYPES)
+    while queue and len(seen) < budget:
+        node = queue.popleft()
+        if id(node) in seen or isinstance(node, _NOT_SEARCHED):
             continue
         seen.add(id(node))
         yield node
-        if isinstance(node, int):
-            continue
-        if isinstance(node, dict):
-            if len(node) <= _MAX_CONTAINER:
-                stack.extend(node.values())
-            continue
-        if isinstance(node, _CONTAINERS):
-            if len(node) <= _MAX_CONTAINER:
-                stack.extend(node)
-            continue
-        if isinstance(node, FunctionType):
-            stack.extend(cell.cell_contents for cell in node.__closure__ or () if _filled(cell))
-            stack.extend(node.__defaults__ or ())
-            continue
-        if isinstance(node, MethodType):
-            stack.extend((node.__self__, node.__func__))
-            continue
-        if isinstance(node, functools.partial):
-            stack.extend((node.func, *node.args, *node.keywords.values()))
-        cls = type(node)
-        attributes = getattr(node, "__dict__", None)
-        if isinstance(attributes, dict):
-            stack.extend(attributes.values())
-        for name in _slots(cls):
-            stack.append(getattr(node, name, None))
-        for name in _NATIVE_HOLDERS.get(cls.__module__.partition(".")[0], ()):
-            stack.append(getattr(node, name, None))
+        if isinstance(node, (dict, *_CONTAINERS)):
+            items = node.values() if isinstance(node, dict) else node
+            if len(node) > _MAX_CONTAINER:
+                continue
+            values: Any = _by_kind(items, hl_object) if len(node) > _LARGE else items
+        elif isinstance(node, FunctionType):
+            cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
+            values = cells + list(node.__defaults__ or ())
+        elif isinstance(node, MethodType):
+            values = (node.__self__, node.__func__)
+        else:
+            values = _attributes(node, numbers)
+        queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
+
+
+def _by_kind(items: Any, hl_object: type | None) -> list[Any]:
+    """The items of a large container worth searching: of each type, all of them if the first
+    ``_PROBE`` hold a file (or are one), else none."""
+    kinds: dict[type, list[Any]] = {}
+    for item in items:
+        cls = type(item)
+        if cls not in _LEAF_TYPES:
+            kinds.setdefault(cls, []).append(item)
+    found = []
+    for kind in kinds.values():
+        probe = _walk(kind[:_PROBE], set(), _PROBE_NODES, hl_object)
+        if any(_holds_a_file(node, hl_object) for node in probe):
+            found += kind
+    return found
+
+
+def _holds_a_file(node: Any, hl_object: type | None) -> bool:
+    cls = type(node)
+    return issubclass(cls, io.IOBase) or (hl_object is not None and issubclass(cls, hl_object))
+
+
+def _attributes(node: Any, numbers: set[int]) -> list[Any]:
+    """What an object holds in its attributes (ints go to ``numbers``), its partial's arguments,
+    and the file objects an extension type of ``_NATIVE_HOLDERS`` keeps."""
+    cls = type(node)
+    found: list[Any] = []
+    if isinstance(node, functools.partial):
+        found += [node.func, *node.args, *node.keywords.values()]
+    attributes = getattr(node, "__dict__", None)
+    if isinstance(attributes, dict):
+        found += attributes.values()
+    found += [getattr(node, name, None) for name in _slots(cls)]
+    found += [getattr(node, name, None) for name in _NATIVE_HOLDERS.get(cls.__module__.partition(".")[0], ())]
+    numbers.update(value for value in found if type(value) is int)
+    return found
 
 
 def _filled(cell: Any) -> bool:
