@@ -77,7 +77,7 @@ def reopen_file(path: str, buffered: bool, position: int, identity: _reopen.File
 
 class FilesBackend(Backend):
     name = hook_names.FILES
-    description = 'each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset'
+    description = 'each worker reads the read-only files its Dataset holds (open(), npz, HDF5) at its own offset'
     # Before the plain backends' child hooks, which may read files through the descriptors it privatizes.
     first = True
     runs_after = (hook_names.H5PY,)
