@@ -247,3 +247,54 @@ def test_only_the_files_the_dataset_holds_get_their_own_offset_in_a_worker_and_t
     found = json.loads(check_script("files_reached.py", "safeloader", 200, timeout=60).stdout.splitlines()[-1])
     assert found == {"moved": {"attribute": False, "listed": False, "raw": False, "closure": False, "shard0": True},
                      "private": 4}
+
+
+class _Reader:
+    def __init__(self, f) -> None:
+        self.f = f
+
+
+class _Refusing:
+    """Raises on any attribute it lacks, and on len(): a walk must step over it."""
+
+    __slots__ = ("unset",)
+
+    def __getattr__(self, name):
+        raise KeyError(name)
+
+    def __len__(self) -> int:
+        raise RuntimeError("no length")
+
+
+def test_the_walk_finds_files_behind_large_containers_closures_and_partials_and_steps_over_objects_that_raise(
+    tmp_path,
+):
+    import functools
+    import types
+
+    from safeloader.backends import _held_files
+
+    binary, _, _ = write_records(tmp_path)
+    files = [open(binary, "rb") for _ in range(6)]
+    elsewhere = open(binary, "rb")  # held by no object of the loader's
+    try:
+        dataset = types.SimpleNamespace(
+            records=[{"id": i, "box": [1.0, 2.0]} for i in range(5000)],  # large, searched by kind: no file
+            readers=[_Reader(files[0])] * 40 + [_Reader(files[1])],  # large: the 41st found since the 1st held one
+            rows=[{"file": files[2]}] + [{"file": None}] * 40,
+            refusing=_Refusing(),
+            fd=os.dup(files[3].fileno()),  # a raw descriptor number in an attribute
+        )
+        captured = files[4]
+        loader = types.SimpleNamespace(
+            dataset=dataset,
+            collate_fn=lambda batch: (captured, batch),
+            worker_init_fn=functools.partial(print, files[5]),
+        )
+        found = _held_files.held_descriptors(loader)
+        assert found == {dataset.fd, *(files[i].fileno() for i in (0, 1, 2, 4, 5))}, found
+        assert elsewhere.fileno() not in found
+        os.close(dataset.fd)
+    finally:
+        for f in (*files, elsewhere):
+            f.close()

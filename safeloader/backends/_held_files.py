@@ -94,19 +94,26 @@ def _walk(start: Any, numbers: set[int], budget: int, hl_object: type | None) ->
             continue
         seen.add(id(node))
         yield node
-        if isinstance(node, (dict, *_CONTAINERS)):
-            items = node.values() if isinstance(node, dict) else node
-            if len(node) > _MAX_CONTAINER:
-                continue
-            values: Any = _by_kind(items, hl_object) if len(node) > _LARGE else items
-        elif isinstance(node, FunctionType):
-            cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
-            values = cells + list(node.__defaults__ or ())
-        elif isinstance(node, MethodType):
-            values = (node.__self__, node.__func__)
-        else:
-            values = _attributes(node, numbers)
-        queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
+        try:
+            values = _held_by(node, numbers, hl_object)
+            queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
+        except Exception:  # a container or attribute that raises (a user's __len__, __getattr__): not searched
+            continue
+
+
+def _held_by(node: Any, numbers: set[int], hl_object: type | None) -> Any:
+    """What ``node`` holds, to search next."""
+    if isinstance(node, (dict, *_CONTAINERS)):
+        items = node.values() if isinstance(node, dict) else node
+        if len(node) > _MAX_CONTAINER:
+            return ()
+        return _by_kind(items, hl_object) if len(node) > _LARGE else items
+    if isinstance(node, FunctionType):
+        cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
+        return cells + list(node.__defaults__ or ())
+    if isinstance(node, MethodType):
+        return (node.__self__, node.__func__)
+    return _attributes(node, numbers)
 
 
 def _by_kind(items: Any, hl_object: type | None) -> list[Any]:
