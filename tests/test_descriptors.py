@@ -40,7 +40,9 @@ def worker_scans(disable):
     return f"{seen} parent listed {len([pid for pid in scans if pid == os.getpid()])}"
 
 print(worker_scans(()))  # nothing for "files" or "sockets" to do: the parent lists nothing
-held = open(safeloader.__file__, "rb")  # a read-only file: "files" has work in the worker
+import socket
+server = socket.create_server(("127.0.0.1", 0))
+held = socket.create_connection(server.getsockname())  # a TCP connection: "sockets" has work in the worker
 scans.clear()
 print(worker_scans(()))
 scans.clear()
@@ -77,10 +79,12 @@ def swap():  # runs after the "files" and "sockets" hooks listed the table (firs
 safeloader.register_at_fork(before=swap, name="test.swap", first=True)
 
 class Reader(torch.utils.data.Dataset):
+    def __init__(self):
+        self.old = old  # held by the Dataset: the "files" hook acts on it
     def __len__(self):
         return 1
     def __getitem__(self, index):
-        return os.pread(old.fileno(), 1, os.lseek(old.fileno(), 0, os.SEEK_CUR))
+        return os.pread(self.old.fileno(), 1, os.lseek(self.old.fileno(), 0, os.SEEK_CUR))
 
 (item,) = list(safeloader.DataLoader(Reader(), batch_size=None, num_workers=1))
 print(item[0], os.lseek(old.fileno(), 0, os.SEEK_CUR))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import pickle
 import warnings
@@ -28,6 +29,7 @@ from .helpers import (
     random_loader,
     write_records,
 )
+from .subproc import check_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(60)]
 
@@ -231,3 +233,68 @@ def test_reopened_file_keeps_position_and_refuses_a_replaced_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"could not reopen file '{binary}'.*replaced or moved"):
         stand_in.read(RECORD)
     assert safeloader.hooks()  # the registry is intact
+
+
+@pytest.mark.timeout(120)
+def test_only_the_files_the_dataset_holds_get_their_own_offset_in_a_worker_and_the_rest_stay_as_under_torch():
+    # A parent holding 200 read-only files its Dataset never reaches (a shard cache of the training
+    # script's) and 4 the Dataset holds (an attribute, a list, a closure, a raw descriptor number).
+    # Each worker reopened all 204 at every start (~70 us each); now it reopens the Dataset's 4, and
+    # a file only the parent holds shares its offset with the workers, as under torch's loader.
+    torch_found = json.loads(check_script("files_reached.py", "torch", 200, timeout=60).stdout.splitlines()[-1])
+    assert torch_found == {"moved": dict.fromkeys(["attribute", "listed", "raw", "closure", "shard0"], True),
+                           "private": None}  # torch: every offset shared, the Dataset's too
+    found = json.loads(check_script("files_reached.py", "safeloader", 200, timeout=60).stdout.splitlines()[-1])
+    assert found == {"moved": {"attribute": False, "listed": False, "raw": False, "closure": False, "shard0": True},
+                     "private": 4}
+
+
+class _Reader:
+    def __init__(self, f) -> None:
+        self.f = f
+
+
+class _Refusing:
+    """Raises on any attribute it lacks, and on len(): a walk must step over it."""
+
+    __slots__ = ("unset",)
+
+    def __getattr__(self, name):
+        raise KeyError(name)
+
+    def __len__(self) -> int:
+        raise RuntimeError("no length")
+
+
+def test_the_walk_finds_files_behind_large_containers_closures_and_partials_and_steps_over_objects_that_raise(
+    tmp_path,
+):
+    import functools
+    import types
+
+    from safeloader.backends import _held_files
+
+    binary, _, _ = write_records(tmp_path)
+    files = [open(binary, "rb") for _ in range(6)]
+    elsewhere = open(binary, "rb")  # held by no object of the loader's
+    try:
+        dataset = types.SimpleNamespace(
+            records=[{"id": i, "box": [1.0, 2.0]} for i in range(5000)],  # large, searched by kind: no file
+            readers=[_Reader(files[0])] * 40 + [_Reader(files[1])],  # large: the 41st found since the 1st held one
+            rows=[{"file": files[2]}] + [{"file": None}] * 40,
+            refusing=_Refusing(),
+            fd=os.dup(files[3].fileno()),  # a raw descriptor number in an attribute
+        )
+        captured = files[4]
+        loader = types.SimpleNamespace(
+            dataset=dataset,
+            collate_fn=lambda batch: (captured, batch),
+            worker_init_fn=functools.partial(print, files[5]),
+        )
+        found = _held_files.held_descriptors(loader)
+        assert found == {dataset.fd, *(files[i].fileno() for i in (0, 1, 2, 4, 5))}, found
+        assert elsewhere.fileno() not in found
+        os.close(dataset.fd)
+    finally:
+        for f in (*files, elsewhere):
+            f.close()

@@ -36,5 +36,8 @@ def test_a_worker_runs_no_code_of_the_backends_whose_parent_found_nothing_for_it
     ran = _worker_ran("nothing")
     assert not ran & {"files", "sockets", "executors", "lmdb", "h5py", "_reopen"}, ran
     assert {"torch_state", "gc_freeze"} <= ran, ran  # what every worker needs still runs
-    held = _worker_ran("held")  # a read-only file and a TCP connection: both hooks run
+    held = _worker_ran("held")  # a read-only file and a TCP connection the Dataset holds: both hooks run
     assert {"files", "sockets", "_reopen"} <= held, held
+    # A read-only file only the parent holds (a global the Dataset does not reach): left as torch leaves it.
+    elsewhere = _worker_ran("elsewhere")
+    assert not elsewhere & {"files", "_reopen"}, elsewhere

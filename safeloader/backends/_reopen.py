@@ -156,13 +156,14 @@ Offsets = dict[int, tuple[int, int, int]]
 """fd -> (device, inode, offset) of each regular file that can seek."""
 
 
-def offsets_at_fork() -> Offsets:
-    """In the parent, before a worker fork: each regular file's offset, for the worker. Read in
-    the worker instead, an offset can already have been moved by the parent, which runs on while
-    the worker starts, and its buffered readers (gzip, tarfile, zipfile) would decode from the wrong place."""
+def offsets_at_fork(recorded: Offsets | None = None) -> Offsets:
+    """In the parent, before a worker fork: each regular file's offset (or those ``recorded`` by
+    the caller), for the worker. Read in the worker instead, an offset can already have been moved
+    by the parent, which runs on while the worker starts, and its buffered readers (gzip, tarfile,
+    zipfile) would decode from the wrong place."""
     _virtual_device_ids()  # for the child's is_virtual, inherited
     # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
-    return _registry.fork_memo(_OFFSETS, _current_offsets)
+    return _registry.fork_memo(_OFFSETS, _current_offsets if recorded is None else lambda: recorded)
 
 
 _OFFSETS = "memo:offsets"

@@ -1,4 +1,4 @@
-"""Open files: each forked worker reads through its own file offset.
+"""Open files: each forked worker reads the files its Dataset holds through its own file offset.
 
 How it works and why: docs/internals.md, ``safeloader.backends.files``.
 """
@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import os
+import stat
+import weakref
 from typing import Any
 
-from .. import hook_names, native
+from .. import _registry, hook_names, native
 from .._options import Options
 from .._registry import fork_context
-from . import _descriptors, _reopen
+from . import _descriptors, _held_files, _reopen
 from ._backend import Backend
 
 NAME = hook_names.FILES
@@ -20,15 +22,15 @@ SharedFileWarning = _reopen.SharedFileWarning
 
 
 
-def privatize_inherited_files() -> None:
-    """In a worker: give every inherited read-only regular file its own description."""
+def privatize_inherited_files(table: tuple[_descriptors.Descriptor, ...] | None = None) -> None:
+    """In a worker: give each read-only regular file of ``table`` (default: every inherited
+    descriptor, listed by the parent for this fork) its own description."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
     done = _reopen.private_fds()
-    # The table listed in the parent for this fork: one listing per worker.
-    for entry in _reopen.regular_file_fds(_descriptors.at_fork()):
+    for entry in _reopen.regular_file_fds(_descriptors.at_fork() if table is None else table):
         if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
             continue
         if _reopen.holds_exclusive_lock(entry.fd):
@@ -75,12 +77,20 @@ def reopen_file(path: str, buffered: bool, position: int, identity: _reopen.File
 
 class FilesBackend(Backend):
     name = hook_names.FILES
-    description = 'each worker reads inherited read-only files (open(), npz, HDF5) through its own file offset'
+    description = 'each worker reads the read-only files its Dataset holds (open(), npz, HDF5) at its own offset'
     # Before the plain backends' child hooks, which may read files through the descriptors it privatizes.
     first = True
     runs_after = (hook_names.H5PY,)
 
+    def __init__(self) -> None:
+        # loader -> the descriptors its objects held at its last start (or EVERY_FILE)
+        self._held: weakref.WeakKeyDictionary[Any, frozenset[int] | str] = weakref.WeakKeyDictionary()
+
     def before(self) -> Any:
+        context = fork_context()
+        held = self._held.get(context.loader, _held_files.EVERY_FILE) if context is not None else _held_files.EVERY_FILE
+        if isinstance(held, frozenset):
+            return _record_held(held) or self.NOTHING_TO_DO
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
@@ -90,14 +100,44 @@ class FilesBackend(Backend):
         _reopen.offsets_at_fork()
         return None
 
-    def after_in_child(self, plan: None) -> None:
-        privatize_inherited_files()
+    def after_in_child(self, plan: tuple[_descriptors.Descriptor, ...] | None) -> None:
+        privatize_inherited_files(plan)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
-        if start_method != "fork":
+        if start_method == "fork":
+            # Once per start, before any fork: what the workers can reach. Without a read-only file
+            # open there is nothing to find (the walk is skipped: a start with no file pays nothing).
+            if not _registry.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
+                self._held.pop(loader, None)
+            elif not native.descriptor_kinds() & native.READ_ONLY_FILE:
+                self._held[loader] = frozenset()
+            else:
+                self._held[loader] = _held_files.held_descriptors(loader)
+        else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
             _reopen.register_reducer(io.TextIOWrapper, reduce_file)
+
+
+def _record_held(held: frozenset[int]) -> tuple[_descriptors.Descriptor, ...]:
+    """In the parent, right before a fork: each held descriptor that is a regular file open
+    read-only, as it is now, and its offset for the worker (``_reopen.offsets_at_fork``'s record)."""
+    import fcntl
+
+    table = []
+    offsets: _reopen.Offsets = {}
+    for fd in held:
+        try:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                continue  # closed and reused, or writable: not a file the worker reads through an offset
+            table.append((fd, found.st_mode, found.st_dev, found.st_ino))
+            offsets[fd] = (found.st_dev, found.st_ino, os.lseek(fd, 0, os.SEEK_CUR))
+        except OSError:  # closed meanwhile, or cannot seek (the worker reads its own offset)
+            continue
+    if table:
+        _reopen.offsets_at_fork(offsets)
+    return tuple(table)
 
 
 BACKEND = FilesBackend()

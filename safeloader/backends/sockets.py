@@ -1,4 +1,4 @@
-"""Sockets: no forked worker shares a connected TCP (or TLS) stream with the parent.
+"""Sockets: no forked worker shares a TCP (or TLS) conversation with the parent; one-way streams stay shared.
 
 How it works and why: docs/internals.md, ``safeloader.backends.sockets``.
 """
@@ -22,26 +22,35 @@ NAME = hook_names.SOCKETS
 _TCP_CLOSE = 7
 _TCP_LISTEN = 10
 _INET = (socket.AF_INET, getattr(socket, "AF_INET6", socket.AF_INET))
+# struct tcp_info (linux/tcp.h): tcpi_bytes_received, a u64 at bytes 128-136 (Linux 4.1+): the
+# payload bytes the connection received from its peer, whoever read them.
+_TCP_INFO_SIZE = 136
+_BYTES_RECEIVED = slice(128, 136)
 
 def sever_inherited_connections(stand_ins: StandIns) -> None:
-    """In a worker: replace each inherited connected TCP socket with a closed stand-in."""
+    """In a worker: replace each inherited TCP conversation (a connected socket that received data)
+    with a closed stand-in; note the one-way streams (connected, nothing ever received) left shared."""
     if not _descriptors.AVAILABLE:
         return
-    severed = 0
     # Listed once for this fork; the "files" hook reads the same list after this one.
-    for fd, mode, _, _ in _descriptors.at_fork():
+    for fd, mode, _, ino in _descriptors.at_fork():
         if not stat.S_ISSOCK(mode):
             continue
-        family = _connected_tcp_family(fd)
-        if family is not None:
+        found = _connected_tcp(fd)
+        if found is None:
+            continue
+        family, conversation = found
+        if conversation:
             os.dup2(stand_ins.get(family).fileno(), fd, inheritable=os.get_inheritable(fd))
-            severed += 1
-    if severed and "http.client" in sys.modules:
+        else:
+            stand_ins.kept.add(ino)
+    if (stand_ins.severed_any() or stand_ins.kept) and "http.client" in sys.modules:
         _reconnect_http_client_connections()
 
 
-def _connected_tcp_family(fd: int) -> int | None:
-    """The address family of ``fd`` if it is a TCP socket with (or connecting to) a peer."""
+def _connected_tcp(fd: int) -> tuple[int, bool] | None:
+    """(address family, whether it ever received data) of ``fd`` if it is a TCP socket with (or
+    connecting to) a peer; None for anything else."""
     try:
         # The C type: no Python-level wrapper, no enum conversions (a worker pays this per socket).
         probe = _socket.socket(fileno=fd)  # no dup: detached below, never closed
@@ -51,10 +60,14 @@ def _connected_tcp_family(fd: int) -> int | None:
         if probe.family not in _INET or probe.type != socket.SOCK_STREAM:
             return None
         try:
-            state = probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            info = probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
         except OSError:  # not TCP after all (MPTCP without TCP_INFO...): leave it
             return None
-        return None if state in (_TCP_CLOSE, _TCP_LISTEN) else probe.family
+        if info[0] in (_TCP_CLOSE, _TCP_LISTEN):
+            return None
+        # A kernel too old to count (before 4.1) cannot tell a one-way stream: treated as a conversation.
+        received = int.from_bytes(info[_BYTES_RECEIVED], sys.byteorder) if len(info) >= _TCP_INFO_SIZE else 1
+        return probe.family, received > 0
     finally:
         probe.detach()
 
@@ -67,6 +80,8 @@ class StandIns:
         self.pid = os.getpid()
         self._sockets: dict[int, socket.socket] = {}
         self._inodes: set[int] = set()
+        self.kept: set[int] = set()
+        """Inodes of the inherited one-way streams left shared (nothing received before the fork)."""
 
     def get(self, family: int) -> socket.socket:
         """This process's socket of ``family`` that behaves as one closed by its peer."""
@@ -83,13 +98,23 @@ class StandIns:
             self._inodes.add(os.fstat(stand_in.fileno()).st_ino)
         return stand_in
 
+    def severed_any(self) -> bool:
+        return bool(self._inodes)
+
     def severed(self, sock: Any) -> bool:
         """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
-        if self.pid != os.getpid() or not self._inodes:
+        return self._inode_in(sock, self._inodes)
+
+    def shared(self, sock: Any) -> bool:
+        """Whether ``sock`` is an inherited one-way stream this worker still shares with the parent."""
+        return self._inode_in(sock, self.kept)
+
+    def _inode_in(self, sock: Any, inodes: set[int]) -> bool:
+        if self.pid != os.getpid() or not inodes:
             return False
         try:
             fd = sock.fileno()
-            return fd >= 0 and os.fstat(fd).st_ino in self._inodes
+            return fd >= 0 and os.fstat(fd).st_ino in inodes
         except (OSError, AttributeError, ValueError):
             return False
 
@@ -101,7 +126,9 @@ def _reconnect_http_client_connections() -> None:
     reconnects only when its socket is None (after ``close()``). Wrapping
     ``putrequest`` in this worker closes a connection whose socket was severed
     just before its next request starts (urllib3's subclasses have already
-    replaced theirs by then, and are unaffected).
+    replaced theirs by then, and are unaffected), and one whose socket is a
+    still-shared stream the parent connected but never read from: a request
+    starts a conversation whose response the parent or a sibling could read.
     """
     import http.client
 
@@ -111,7 +138,7 @@ def _reconnect_http_client_connections() -> None:
 
     def putrequest(self: Any, *args: Any, **kwargs: Any) -> Any:
         sock = self.sock
-        if sock is not None and BACKEND.severed(sock):
+        if sock is not None and (BACKEND.severed(sock) or BACKEND.shared(sock)):
             self.close()
         return original(self, *args, **kwargs)
 
@@ -122,7 +149,10 @@ def _reconnect_http_client_connections() -> None:
 
 class SocketsBackend(Backend):
     name = hook_names.SOCKETS
-    description = "each worker's inherited connected TCP/TLS sockets look closed by the server: clients reconnect"
+    description = (
+        "each worker's inherited TCP/TLS connections that received data look closed by the server: clients "
+        "reconnect; write-only streams stay shared"
+    )
     # First among the data backends: any later hook (or library at-fork
     # handler) that closes a TLS connection must write its close_notify into
     # the stand-in, not into the parent's stream. Inside the pin-memory gate.
@@ -147,6 +177,10 @@ class SocketsBackend(Backend):
     def severed(self, sock: Any) -> bool:
         """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""
         return self.stand_ins is not None and self.stand_ins.severed(sock)
+
+    def shared(self, sock: Any) -> bool:
+        """Whether ``sock`` is an inherited one-way stream left shared in this worker."""
+        return self.stand_ins is not None and self.stand_ins.shared(sock)
 
 
 BACKEND = SocketsBackend()

@@ -1,7 +1,8 @@
 """Which safeloader backends run code in a forked worker, by what the parent holds.
 
 argv: ``nothing`` (no read-only file, TCP socket, executor thread, LMDB environment or writable
-HDF5 file in the parent) or ``held`` (a read-only file and a connected TCP socket held).
+HDF5 file in the parent), ``held`` (a read-only file and a connected TCP socket the Dataset holds)
+or ``elsewhere`` (a read-only file only the parent holds, in a global).
 Prints one JSON line: {"ran": [<backend modules whose code ran in worker 0's fork hooks>]}.
 """
 
@@ -28,11 +29,12 @@ from safeloader import DataLoader  # noqa: E402
 
 mode = sys.argv[1]
 held = []
-if mode == "held":
+if mode in ("held", "elsewhere"):
     with tempfile.NamedTemporaryFile(delete=False) as f:
         f.write(b"x" * 100)
     held.append(open(f.name, "rb"))
     os.unlink(f.name)
+if mode == "held":
     server = socket.create_server(("127.0.0.1", 0))
     held += [server, socket.create_connection(server.getsockname())]
 read, write = os.pipe()
@@ -45,6 +47,9 @@ def report(worker_id: int) -> None:  # after every fork hook, before any item
 
 
 class Items(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.held = held if mode == "held" else []
+
     def __len__(self) -> int:
         return 4
 

@@ -1,0 +1,220 @@
+"""The files a loader's workers can reach: the descriptors its Dataset, sampler, collate_fn and
+worker_init_fn hold, found once per start by a bounded walk of those objects.
+
+How it works and why: docs/internals.md, ``safeloader.backends._held_files``.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import stat
+import sys
+from collections import deque
+from collections.abc import Iterator
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+from .. import native
+
+EVERY_FILE = "every read-only file"
+"""What ``held_descriptors`` answers where an object holds a file it cannot locate (an HDF5 file
+on a Python file object, a loader with no objects to walk): privatize them all, as before."""
+
+_MAX_NODES = 20_000  # objects visited per start, nearest first: beyond, the rest is not searched
+_MAX_CONTAINER = 10_000  # longer lists, dicts and sets (file lists, index tables) are not searched
+# A container of more items is searched by kind: the first _PROBE items of each type are searched
+# (within _PROBE_NODES objects), and the others of that type only if those held a file. Large
+# collections are homogeneous (annotation records, shard readers): 9,000 records of a dict and a
+# list each cost ~20,000 visits searched whole, and a few dozen this way.
+_LARGE = 32
+_PROBE = 4
+_PROBE_NODES = 2_000
+# Never searched inside, and never queued (checked by exact type, the cheapest test): values that
+# hold no file. Ints are looked at where an attribute holds them, as possible descriptors.
+_LEAF_TYPES = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None), range})
+_NOT_SEARCHED = (type, ModuleType, BuiltinFunctionType)
+_CONTAINERS = (list, tuple, set, frozenset, deque)
+_slot_names: dict[type, tuple[str, ...]] = {}
+# Extension types that hold a Python file object in an attribute of their own (no __dict__): by
+# top-level package, the attributes to follow. PyAV: a container's PyIOFile (``.file``), its file (``.file``).
+_NATIVE_HOLDERS = {"av": ("file",)}
+
+
+def roots(loader: Any) -> list[Any]:
+    """What a worker of ``loader`` is handed: its Dataset, samplers, collate_fn and worker_init_fn."""
+    init = getattr(loader, "worker_init_fn", None)
+    # safeloader's own WorkerInit wraps the user's function (duck-typed: _loader is a higher layer).
+    init = getattr(init, "user_fn", init)
+    names = ("dataset", "sampler", "batch_sampler", "collate_fn")
+    return [getattr(loader, name, None) for name in names] + [init]
+
+
+def held_descriptors(loader: Any) -> frozenset[int] | str:
+    """The descriptors of regular files ``loader``'s objects hold (file objects, raw descriptor
+    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``."""
+    if loader is None:
+        return EVERY_FILE
+    fds: set[int] = set()
+    numbers: set[int] = set()
+    identities: set[tuple[int, int]] = set()
+    h5py_files: set[int] = set()
+    h5py = sys.modules.get("h5py")
+    hl_object = getattr(getattr(h5py, "_hl", None), "base", None)
+    hl_object = getattr(hl_object, "HLObject", None)
+    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object):
+        # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
+        # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
+        cls = type(node)
+        if issubclass(cls, io.IOBase):
+            fd = _fileno(node)
+            if fd is not None:
+                fds.add(fd)
+        elif hl_object is not None and issubclass(cls, hl_object):
+            if not _h5py_file(node, h5py, fds, identities, h5py_files):
+                return EVERY_FILE
+    # A number the Dataset holds may be a raw descriptor (os.open): kept if it names a regular file.
+    fds.update(fd for fd in numbers if 0 <= fd < _descriptor_limit() and _is_regular_file(fd))
+    if identities:  # files known by path only (HDF5 on the stdio driver): their descriptors, by inode
+        fds.update(fd for fd, mode, dev, ino in native.descriptor_table()
+                   if stat.S_ISREG(mode) and (dev, ino) in identities)
+    return frozenset(fds)
+
+
+def _walk(start: Any, numbers: set[int], budget: int, hl_object: type | None) -> Iterator[Any]:
+    """Each object reachable from ``start`` through instance attributes (``__dict__`` and slots),
+    containers (large ones by kind), closures, partials and bound methods, nearest first, at most
+    ``budget``; the ints that attributes hold go to ``numbers``."""
+    seen: set[int] = set()
+    queue = deque(node for node in start if type(node) not in _LEAF_TYPES)
+    while queue and len(seen) < budget:
+        node = queue.popleft()
+        if id(node) in seen or isinstance(node, _NOT_SEARCHED):
+            continue
+        seen.add(id(node))
+        yield node
+        try:
+            values = _held_by(node, numbers, hl_object)
+            queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
+        except Exception:  # a container or attribute that raises (a user's __len__, __getattr__): not searched
+            continue
+
+
+def _held_by(node: Any, numbers: set[int], hl_object: type | None) -> Any:
+    """What ``node`` holds, to search next."""
+    if isinstance(node, (dict, *_CONTAINERS)):
+        items = node.values() if isinstance(node, dict) else node
+        if len(node) > _MAX_CONTAINER:
+            return ()
+        return _by_kind(items, hl_object) if len(node) > _LARGE else items
+    if isinstance(node, FunctionType):
+        cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
+        return cells + list(node.__defaults__ or ())
+    if isinstance(node, MethodType):
+        return (node.__self__, node.__func__)
+    return _attributes(node, numbers)
+
+
+def _by_kind(items: Any, hl_object: type | None) -> list[Any]:
+    """The items of a large container worth searching: of each type, all of them if the first
+    ``_PROBE`` hold a file (or are one), else none."""
+    kinds: dict[type, list[Any]] = {}
+    for item in items:
+        cls = type(item)
+        if cls not in _LEAF_TYPES:
+            kinds.setdefault(cls, []).append(item)
+    found = []
+    for kind in kinds.values():
+        probe = _walk(kind[:_PROBE], set(), _PROBE_NODES, hl_object)
+        if any(_holds_a_file(node, hl_object) for node in probe):
+            found += kind
+    return found
+
+
+def _holds_a_file(node: Any, hl_object: type | None) -> bool:
+    cls = type(node)
+    return issubclass(cls, io.IOBase) or (hl_object is not None and issubclass(cls, hl_object))
+
+
+def _attributes(node: Any, numbers: set[int]) -> list[Any]:
+    """What an object holds in its attributes (ints go to ``numbers``), its partial's arguments,
+    and the file objects an extension type of ``_NATIVE_HOLDERS`` keeps."""
+    cls = type(node)
+    found: list[Any] = []
+    if isinstance(node, functools.partial):
+        found += [node.func, *node.args, *node.keywords.values()]
+    attributes = getattr(node, "__dict__", None)
+    if isinstance(attributes, dict):
+        found += attributes.values()
+    found += [getattr(node, name, None) for name in _slots(cls)]
+    found += [getattr(node, name, None) for name in _NATIVE_HOLDERS.get(cls.__module__.partition(".")[0], ())]
+    numbers.update(value for value in found if type(value) is int)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        return cell.cell_contents is not cell  # reading it is the test
+    except ValueError:  # a closure variable not yet assigned
+        return False
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """The ``__slots__`` names of ``cls`` and its bases (cached per class)."""
+    names = _slot_names.get(cls)
+    if names is None:
+        found: list[str] = []
+        for klass in cls.__mro__:
+            slots = vars(klass).get("__slots__", ())
+            found.extend([slots] if isinstance(slots, str) else slots)
+        names = _slot_names[cls] = tuple(name for name in found if name not in ("__dict__", "__weakref__"))
+    return names
+
+
+def _fileno(f: io.IOBase) -> int | None:
+    try:
+        return None if f.closed else f.fileno()
+    except Exception:  # in-memory or remote file objects (BytesIO, fsspec): no descriptor
+        return None
+
+
+def _is_regular_file(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def _descriptor_limit() -> int:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _h5py_file(obj: Any, h5py: Any, fds: set[int], identities: set[tuple[int, int]], done: set[int]) -> bool:
+    """Add the descriptor (or identity) of the HDF5 file behind ``obj`` (a File, Group or Dataset);
+    False where it reads through a Python file object safeloader cannot locate."""
+    from h5py import h5f, h5fd, h5i
+
+    try:
+        with h5py._objects.phil:
+            fid = h5i.get_file_id(obj.id)
+            if fid.fileno in done:
+                return True
+            done.add(fid.fileno)
+            driver = fid.get_access_plist().get_driver()
+            if driver in (h5fd.SEC2, getattr(h5fd, "DIRECT", h5fd.SEC2)):
+                fds.add(fid.get_vfd_handle())
+                return True
+            if driver == h5fd.fileobj_driver:
+                return False
+            name = os.fsdecode(h5f.get_name(fid))
+    except (ValueError, RuntimeError, TypeError, AttributeError):  # closed, or an unknown driver
+        return True
+    try:
+        found = os.stat(name)
+    except OSError:  # moved or deleted since: cannot be matched
+        return False
+    identities.add((found.st_dev, found.st_ino))
+    return True
