@@ -298,3 +298,30 @@ def test_the_walk_finds_files_behind_large_containers_closures_and_partials_and_
     finally:
         for f in (*files, elsewhere):
             f.close()
+
+
+def test_the_walk_finds_a_module_global_the_datasets_methods_read_and_not_one_they_do_not(tmp_path):
+    """The training script's ``DATA = np.load(...)`` at module level, read in ``__getitem__``, is
+    the Dataset's as much as an attribute: a worker reads it through the shared offset."""
+    import types
+
+    from safeloader.backends import _held_files
+
+    binary, _, _ = write_records(tmp_path)
+    script = {"__name__": "training_script", "READ": open(binary, "rb"), "UNREAD": open(binary, "rb"),
+              "SCRIPT_COLLATE": open(binary, "rb")}
+    exec(  # a module of the user's: its globals as the methods see them
+        "class Items:\n"
+        "    def __getitem__(self, i):\n"
+        "        return [READ.read(1) for _ in range(i)]\n"
+        "def collate(batch):\n"
+        "    return SCRIPT_COLLATE, batch\n",
+        script,
+    )
+    try:
+        loader = types.SimpleNamespace(dataset=script["Items"](), collate_fn=script["collate"])
+        found = _held_files.held_descriptors(loader)
+        assert found == {script["READ"].fileno(), script["SCRIPT_COLLATE"].fileno()}, found
+    finally:
+        for name in ("READ", "UNREAD", "SCRIPT_COLLATE"):
+            script[name].close()

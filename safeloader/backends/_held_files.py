@@ -43,12 +43,50 @@ _NATIVE_HOLDERS = {"av": ("file",)}
 
 
 def roots(loader: Any) -> list[Any]:
-    """What a worker of ``loader`` is handed: its Dataset, samplers, collate_fn and worker_init_fn."""
+    """What a worker of ``loader`` is handed: its Dataset, samplers, collate_fn and worker_init_fn,
+    the methods of their own classes, and the module globals those functions name (one level: the
+    training script's ``DATA = np.load(...)`` that ``__getitem__`` reads)."""
     init = getattr(loader, "worker_init_fn", None)
     # safeloader's own WorkerInit wraps the user's function (duck-typed: _loader is a higher layer).
     init = getattr(init, "user_fn", init)
     names = ("dataset", "sampler", "batch_sampler", "collate_fn")
-    return [getattr(loader, name, None) for name in names] + [init]
+    handed = [getattr(loader, name, None) for name in names] + [init]
+    functions = [method for obj in handed for method in _own_methods(type(obj))]
+    functions += [obj for obj in handed if isinstance(obj, FunctionType) and not _in_torch(obj.__module__)]
+    return handed + functions + [value for function in functions for value in _named_globals(function)]
+
+
+def _in_torch(module: str | None) -> bool:
+    return (module or "").partition(".")[0] == "torch"
+
+
+def _own_methods(cls: type) -> list[FunctionType]:
+    """The functions defined by ``cls`` and its bases outside torch and the standard types: the
+    Dataset's ``__getitem__`` and its helpers; not its constructor, which ran in the parent."""
+    found = []
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins" or _in_torch(klass.__module__):
+            continue
+        for name, value in vars(klass).items():
+            if name in ("__init__", "__new__"):
+                continue
+            function = getattr(value, "__func__", value)  # staticmethod, classmethod
+            if isinstance(function, FunctionType):
+                found.append(function)
+    return found
+
+
+def _named_globals(function: FunctionType) -> list[Any]:
+    """The module globals ``function``'s code names (``DATA = np.load(...)`` at the top of the
+    training script, read in ``__getitem__``): a worker reaches them as the Dataset's own."""
+    names: set[str] = set()
+    codes = [function.__code__]
+    while codes:  # with the code of the functions and comprehensions defined inside it
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [const for const in code.co_consts if isinstance(const, type(code))]
+    module_globals = function.__globals__
+    return [module_globals[name] for name in names if name in module_globals]
 
 
 def held_descriptors(loader: Any) -> frozenset[int] | str:
