@@ -685,7 +685,7 @@ static PyMethodDef methods[] = {
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
     {"fast_fork_arm", sl_fast_fork_arm, METH_VARARGS,
      "fast_fork_arm($module, thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target, "
-     "positions, num_workers, launches, clock, /)\n--\n\n"
+     "positions, num_workers, launches, clock, gc_state, /)\n--\n\n"
      "Arm the fast path for this thread's later worker forks of a loader start (csrc/fast_fork.c); "
      "False where it cannot be used."},
     {"fast_fork_disarm", sl_fast_fork_disarm, METH_NOARGS,
