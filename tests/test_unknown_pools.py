@@ -208,3 +208,25 @@ def test_a_pool_started_after_a_loader_start_is_found_at_the_next_start(tiny_poo
     assert lines[:2] == ["[0, 1, 2, 3]", "[0, 1, 2, 3]"], out
     assert lines[2].startswith("UnsafeForkError: safeloader: DataLoader workers would be forked from a process "
                                "holding libtinypool.so's native threads (2 live threads)"), out
+
+
+@pytest.mark.parametrize("claim", ["claimed", "survives"])
+def test_a_pool_the_table_wrongly_calls_safe_is_named_within_seconds_by_default(tiny_pool, claim):
+    # Detection after the fork never trusts the table (issue 39, item 1). "claimed": a backend declares
+    # the library (Backend.libraries) and leaves its pool as it is, as a thread limit the library itself
+    # undoes on its next call; "survives": a table row says it survives fork. Either way the default
+    # loader forks without a word, and the worker waits forever in the pool, as torch's does
+    # (test_torch_worker_hangs_in_a_pool_the_parent_started, the same Dataset). Before: named only at
+    # the first item's limit, 120 s. Every thread of the worker waits in a futex, none uses CPU.
+    result = check_script("unknown_native_pool.py", tiny_pool, "safeloader", claim, "pickles", timeout=90)
+    out = result.stdout
+    assert out.startswith("WorkerStallError: safeloader:"), out
+    assert "UnsafeForkWarning" not in out, out  # the table was believed at the start
+    assert "and never will: it waits, unchanged and idle, inside a library whose threads" in out, out
+    assert "Likely cause: libtinypool.so's native threads, inherited without them" in out, out
+    assert "on_unsafe_fork='forkserver'" in out and "please report" not in out, out
+    assert "pool_square" in out if safeloader.NATIVE else "Native stacks unavailable" in out, out
+    waited = float(re.search(r"made no progress for ([0-9.]+) s", out).group(1))
+    assert waited < 10, out
+    # From the loader's creation to the error: well before the 120 s first-item limit (loaded CI machines).
+    assert float(re.search(r"error after ([0-9.]+) s", result.stderr).group(1)) < 60, result.stderr
