@@ -6,11 +6,10 @@ How it works and why: docs/internals.md, ``safeloader._stuck_workers``.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-__all__ = ["ORPHAN_CONFIRM", "ORPHAN_IDLE_TICKS", "ORPHAN_WAIT", "SPIN_SHARE", "StuckWorkers"]
+__all__ = ["ORPHAN_CONFIRM", "ORPHAN_IDLE_TICKS", "ORPHAN_WAIT", "StuckWorkers"]
 
 ORPHAN_WAIT = 3.0
 """Seconds without progress after which a busy worker is looked at."""
@@ -19,8 +18,6 @@ ORPHAN_CONFIRM = 2.0
 ORPHAN_IDLE_TICKS = 10
 """CPU ticks (10 ms) the whole worker may use meanwhile (a helper thread's timer); a pool at work
 for the main thread uses far more."""
-SPIN_SHARE = 0.5
-"""A worker using at least this share of one CPU over the confirm window runs: it may spin."""
 
 Found = tuple[int, float, float, float, float, float]  # as Watch.stalled gives them
 
@@ -78,13 +75,15 @@ class StuckWorkers:
         return now - seen[2] >= ORPHAN_CONFIRM
 
     def spinning(self, worker_id: int, pid: int, lacking: frozenset[str], now: float, sample: Any) -> bool:
-        """Whether worker ``worker_id`` (``pid``) has run for ``ORPHAN_CONFIRM`` (at least ``SPIN_SHARE``
-        of a CPU) without finishing an item, its main thread found, at each of a few native samples
-        (``sample()``: its innermost frames, or None), inside the same library's code calling back into the
-        interpreter, a library of a package whose native threads run in the parent: a retry loop on a
-        handle inherited without its threads (pyzmq's context after a fork answers every call with EINTR,
-        which pyzmq retries for ever). A slow item computing in native code (numpy, torch) never calls back
-        into the interpreter from there; one running Python code calls no library of that kind."""
+        """Whether worker ``worker_id`` (``pid``) has run for ``ORPHAN_CONFIRM`` without finishing an item
+        (more CPU than ``ORPHAN_IDLE_TICKS``: on a loaded machine a spinning worker gets a small share),
+        its main thread found at each of a few native samples (``sample()``: its innermost frames, or None)
+        in the same library's code calling back into the interpreter, a library of a distribution whose
+        native threads run in the parent: a retry loop on a handle inherited without its threads (pyzmq's
+        context after a fork answers every call with EINTR, which pyzmq retries for ever). A slow item
+        computing in native code (numpy, torch) does not call back into the interpreter from there; one
+        running Python code is in no such library's code.
+        """
         from .diagnostics import spin_samples, worker_threads
 
         ticks = worker_threads.cpu_ticks(pid)
@@ -98,8 +97,7 @@ class StuckWorkers:
         elapsed = now - seen[1]
         if elapsed < ORPHAN_CONFIRM:
             return False
-        per_second = os.sysconf("SC_CLK_TCK")
-        if ticks - seen[0] < SPIN_SHARE * elapsed * per_second:
+        if ticks - seen[0] <= ORPHAN_IDLE_TICKS:
             self.runs[worker_id] = (ticks, now)  # not running: start the window again
             return False
         package = spin_samples.spinning_in(sample, self.live_libraries(lacking, now) | lacking)

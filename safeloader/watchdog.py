@@ -308,13 +308,16 @@ class Watch:
         return found
 
     def _sampler(self, worker_id: int, pid: int) -> Any:
-        """Samples of worker ``worker_id``'s main native stack (None without its native dumper)."""
-        if not self.ready_flags(worker_id) & NATIVE_READY:
+        """Samples of worker ``worker_id``'s main stacks (None without both its dumpers)."""
+        if self.ready_flags(worker_id) & (NATIVE_READY | PYTHON_READY) != NATIVE_READY | PYTHON_READY:
             return None
         from .diagnostics import spin_samples
 
-        signum = int(self.slots[worker_id * FIELDS + NATIVE_SIGNAL])
-        return spin_samples.native_sampler(pid, self.native_stack_path(worker_id, pid), signum)
+        base = worker_id * FIELDS
+        return spin_samples.sampler(
+            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]),
+            self.python_stack_path(worker_id, pid), int(self.slots[base + PYTHON_SIGNAL]),
+        )
 
     def waits_in(self, worker_id: int) -> str | None:
         """The library ``orphaned`` saw worker ``worker_id``'s main thread wait in, or None."""

@@ -31,7 +31,7 @@ def headline(worker_id: int, pid: int, waited: float, what: str, spinning: str) 
     start += ", and never will"
     if spinning:
         return (
-            f"{start}: it runs at full CPU in a loop inside {spinning}'s native code, calling back into Python on "
+            f"{start}: it keeps running, in a loop inside {spinning}'s native code, calling back into Python on "
             "each turn, and finishes no item; that library's threads were live in the parent at the fork and do "
             "not exist in the worker."
         )

@@ -11,33 +11,50 @@ from collections.abc import Callable
 
 from . import stacks
 
-__all__ = ["SAMPLES", "native_sampler", "spinning_in"]
+__all__ = ["SAMPLES", "loop_library", "sampler", "spinning_in"]
 
 SAMPLES = 3
 """Native samples of the main thread, all of which must show the same loop."""
 SAMPLE_PAUSE = 0.2
 """Seconds between two samples."""
 
-Sample = Callable[[], "stacks.NativeFrames | None"]
+Sample = Callable[[], "tuple[stacks.NativeFrames, str] | None"]
 
 
-def native_sampler(pid: int, path: str, signum: int) -> Sample:
-    """A function returning the main thread of ``pid``'s native frames now (its C extension's dumper on
-    ``signum``, writing to ``path``), innermost first, or None where it does not answer."""
+def sampler(pid: int, native_path: str, native_signal: int, python_path: str, python_signal: int) -> Sample:
+    """A function returning, for the main thread of ``pid`` now, its native frames (innermost first) and
+    the file of its innermost Python frame (the worker's C extension's dumper on ``native_signal``
+    writing to ``native_path``; faulthandler on ``python_signal`` writing to ``python_path``), or None
+    where either does not answer."""
 
-    def sample() -> stacks.NativeFrames | None:
-        offset = stacks.size(path)
+    def sample() -> tuple[stacks.NativeFrames, str] | None:
         from .. import native
 
+        offset = stacks.size(native_path)
         try:
-            native.signal_thread(pid, pid, signum)
+            native.signal_thread(pid, pid, native_signal)
         except OSError:
             return None
         deadline = time.monotonic() + stacks.NATIVE_THREAD_WAIT
-        text = stacks.wait_for_dump(path, offset, deadline, marker=f"end-thread {pid}\n")
-        return stacks.parse_native(text).get(pid)
+        text = stacks.wait_for_dump(native_path, offset, deadline, marker=f"end-thread {pid}\n")
+        frames = stacks.parse_native(text).get(pid)
+        python_text, main_ident = stacks.python_stacks(pid, python_path, stacks.NATIVE_THREAD_WAIT, python_signal)
+        main = next((t for t in stacks.parse_python(python_text, main_ident) if t.main), None)
+        if not frames or main is None or not main.frames:
+            return None
+        return frames, main.frames[0][0]
 
     return sample
+
+
+def _library_code(file: str) -> bool:
+    """Whether ``file`` (a Python frame's) is the standard library's or an installed package's."""
+    import sysconfig
+
+    if file.startswith("<frozen "):
+        return True
+    roots = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(root and file.startswith(root + os.sep) for root in roots) or "-packages" + os.sep in file
 
 
 def _interpreter(path: str) -> bool:
@@ -59,21 +76,27 @@ def loop_library(frames: stacks.NativeFrames) -> str | None:
 
 
 def spinning_in(sample: Sample | None, live: frozenset[str]) -> str | None:
-    """The distribution whose code every one of ``SAMPLES`` samples finds the main thread looping in
-    (``loop_library``: the same object each time), where that distribution also ships a library of
-    ``live`` (objects with native threads in the parent); else None."""
+    """The distribution whose code the main thread loops in at each of ``SAMPLES`` samples, its innermost
+    Python frame in library code (not the user's) each time: the same
+    object on every one, calling back into the interpreter on all but one at most (a sample can land
+    in the call it retries), where that distribution also ships a library of ``live`` (objects with
+    native threads in the parent); else None."""
     if sample is None or not live:
         return None
-    found = None
+    stacks_seen = []
     for attempt in range(SAMPLES):
         if attempt:
             time.sleep(SAMPLE_PAUSE)
-        frames = sample()
-        library = loop_library(frames) if frames else None
-        if library is None or (found is not None and library != found):
-            return None
-        found = library
-    assert found is not None
+        taken = sample()
+        if taken is None or not _library_code(taken[1]):
+            return None  # the user's own Python code runs (a callback of np.vectorize, say): progressing
+        stacks_seen.append(taken[0])
+    loops = [loop_library(frames) for frames in stacks_seen]
+    found = next((library for library in loops if library is not None), None)
+    if found is None or sum(library == found for library in loops) < SAMPLES - 1:
+        return None
+    if not all(any(library == found for library, _ in frames) for frames in stacks_seen):
+        return None  # the loop returned meanwhile: another call, progressing
     owners = _distributions(found)
     for path in live:
         shared = owners & _distributions(path)
