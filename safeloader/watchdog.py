@@ -20,9 +20,10 @@ from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
+from ._stopped_workers import WorkerStoppedWarning, continued_since_asked, stop_state, warn_stopped
 from ._stuck_workers import ORPHAN_CONFIRM, ORPHAN_IDLE_TICKS, ORPHAN_WAIT, StuckWorkers  # noqa: F401
 
-__all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError"]
+__all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError", "WorkerStoppedWarning"]
 
 FIRST_ITEM_FACTOR = 2.0
 """The worker's start and first item may take this many times ``stall_timeout``."""
@@ -55,12 +56,6 @@ class WorkerStallError(RuntimeError):
         self.reports = reports
         self.details = ""
         """Every stack collected, all threads, Python and native."""
-
-
-class WorkerStoppedWarning(RuntimeWarning):
-    """A DataLoader worker with work to do has been stopped (``SIGSTOP``, or held by a debugger)
-    for longer than its ``stall_timeout`` while the main process runs: the loader waits for it.
-    A stopped worker is never reported as stalled; this says why the loader is waiting."""
 
 
 class Watch:
@@ -248,7 +243,7 @@ class Watch:
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             pid = pids[worker_id] if pids is not None and worker_id < len(pids) else None
-            if pid is not None and _continued_since_asked(pid):
+            if pid is not None and continued_since_asked(pid):
                 self.resumed[worker_id] = now
                 self.stop_reported[worker_id] = False
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
@@ -257,12 +252,12 @@ class Watch:
             batch = self.slots[base + BATCH]
             waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
             if waited > limit:
-                stop = _stop_state(pid) if pid is not None else ""
+                stop = stop_state(pid) if pid is not None else ""
                 if pid is not None and stop:
                     self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
                     if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
                         self.stop_reported[worker_id] = True
-                        _warn_stopped(worker_id, pid, waited, stop)
+                        warn_stopped(worker_id, pid, waited, stop)
                     continue
                 found.append((worker_id, waited, limit, state, items, batch))
         return found
@@ -333,47 +328,6 @@ class Watch:
 
     def state(self, worker_id: int) -> float:
         return self.slots[worker_id * FIELDS + STATE]
-
-
-def _continued_since_asked(pid: int) -> bool:
-    """Whether child ``pid`` was continued after a stop since the last time this was asked.
-
-    ``waitid(WCONTINUED)`` without ``WEXITED``: it reaps nothing, and torch's and
-    multiprocessing's waits (``WEXITED`` only) never consume this report. False for
-    a process that is not this one's child (a forkserver's worker).
-    """
-    try:
-        result = os.waitid(os.P_PID, pid, os.WCONTINUED | os.WNOHANG)
-    except (ChildProcessError, OSError):
-        return False
-    return result is not None and result.si_code == os.CLD_CONTINUED
-
-
-def _stop_state(pid: int) -> str:
-    """"T" if process ``pid`` is stopped now by a signal (job control, ``SIGSTOP``), "t" if a tracer
-    (a debugger) holds it stopped, "" otherwise."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return ""
-    return fields[0] if fields and fields[0] in ("T", "t") else ""
-
-
-def _warn_stopped(worker_id: int, pid: int, waited: float, stop: str) -> None:
-    import warnings
-
-    if stop == "t":
-        how = "a debugger (ptrace) holds it stopped"
-    else:
-        how = f"it was stopped (SIGSTOP); `kill -CONT {pid}` resumes it"
-    warnings.warn(
-        f"safeloader: DataLoader worker {worker_id} (pid {pid}) has made no progress for {waited:.0f} s and is "
-        f"stopped while the main process runs: {how}. The loader waits for it; a stopped worker is not "
-        "counted as stalled.",
-        WorkerStoppedWarning,
-        stacklevel=2,
-    )
 
 
 def _still_held(signum: int, handler: int) -> bool:
