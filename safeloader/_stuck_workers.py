@@ -22,6 +22,10 @@ for the main thread uses far more."""
 Found = tuple[int, float, float, float, float, float]  # as Watch.stalled gives them
 
 
+def _interpreter(path: str) -> bool:
+    return path[path.rfind("/") + 1 :].startswith(("libpython", "python"))
+
+
 class StuckWorkers:
     """Per worker, the wait (or the spin) first seen and when; kept by the parent's ``Watch``."""
 
@@ -59,12 +63,11 @@ class StuckWorkers:
         poll, a timer) that could wake the rest. The table can be wrong (a library setting its own thread
         count on every call, a pool that survives only when idle at the fork); what the worker shows cannot.
         """
-        from .diagnostics import thread_owners, worker_threads
+        from .diagnostics import thread_owners
 
-        trusted = self.live_libraries(lacking, now)
-        wait = thread_owners.wait_in(pid, lacking | trusted)
-        if wait is not None and wait[1] not in lacking and not worker_threads.all_wait_in_futex(pid):
-            wait = None
+        wait = thread_owners.wait_in(pid, lacking) if lacking else None
+        if wait is None:
+            wait = self._waits_in_trusted(pid, self.live_libraries(lacking, now))
         if wait is None:
             self.waits.pop(worker_id, None)
             return False
@@ -73,6 +76,26 @@ class StuckWorkers:
             self.waits[worker_id] = (wait[0], wait[2], now, wait[1])
             return False
         return now - seen[2] >= ORPHAN_CONFIRM
+
+    @staticmethod
+    def _waits_in_trusted(pid: int, trusted: frozenset[str]) -> tuple[str, str, int] | None:
+        """As ``thread_owners.wait_in``, for the libraries the table calls safe: one of them must lie on
+        the main thread's stack inside any interpreter frame (a wait of Python's own, on a lock another
+        process may release, has the interpreter innermost), and every thread of the worker must wait
+        in a futex."""
+        from . import native
+        from .diagnostics import thread_owners, worker_threads
+
+        objects = thread_owners.objects_on_stack(pid) if trusted else []
+        library = next((name for name in objects if name in trusted or _interpreter(name)), None)
+        if library is None or _interpreter(library) or not worker_threads.all_wait_in_futex(pid):
+            return None
+        ticks = worker_threads.cpu_ticks(pid)
+        try:
+            line = native.read_proc(f"/proc/{pid}/syscall").strip()
+        except OSError:
+            return None
+        return (line, library, ticks) if ticks is not None else None
 
     def spinning(self, worker_id: int, pid: int, lacking: frozenset[str], now: float, sample: Any) -> bool:
         """Whether worker ``worker_id`` (``pid``) has run for ``ORPHAN_CONFIRM`` without finishing an item

@@ -18,16 +18,16 @@ SAMPLES = 3
 SAMPLE_PAUSE = 0.2
 """Seconds between two samples."""
 
-Sample = Callable[[], "tuple[stacks.NativeFrames, str] | None"]
+Sample = Callable[[], "tuple[stacks.NativeFrames, list[str]] | None"]
 
 
 def sampler(pid: int, native_path: str, native_signal: int, python_path: str, python_signal: int) -> Sample:
-    """A function returning, for the main thread of ``pid`` now, its native frames (innermost first) and
-    the file of its innermost Python frame (the worker's C extension's dumper on ``native_signal``
+    """A function returning, for the main thread of ``pid`` now, its native frames and the files of its
+    Python frames, both innermost first (the worker's C extension's dumper on ``native_signal``
     writing to ``native_path``; faulthandler on ``python_signal`` writing to ``python_path``), or None
     where either does not answer."""
 
-    def sample() -> tuple[stacks.NativeFrames, str] | None:
+    def sample() -> tuple[stacks.NativeFrames, list[str]] | None:
         from .. import native
 
         offset = stacks.size(native_path)
@@ -42,7 +42,7 @@ def sampler(pid: int, native_path: str, native_signal: int, python_path: str, py
         main = next((t for t in stacks.parse_python(python_text, main_ident) if t.main), None)
         if not frames or main is None or not main.frames:
             return None
-        return frames, main.frames[0][0]
+        return frames, [file for file, _, _ in main.frames]
 
     return sample
 
@@ -76,21 +76,22 @@ def loop_library(frames: stacks.NativeFrames) -> str | None:
 
 
 def spinning_in(sample: Sample | None, live: frozenset[str]) -> str | None:
-    """The distribution whose code the main thread loops in at each of ``SAMPLES`` samples, its innermost
-    Python frame in library code (not the user's) each time: the same
+    """The distribution whose code the main thread loops in at each of ``SAMPLES`` samples, never calling
+    back the user's Python code from that distribution's own (np.vectorize does): the same
     object on every one, calling back into the interpreter on all but one at most (a sample can land
     in the call it retries), where that distribution also ships a library of ``live`` (objects with
     native threads in the parent); else None."""
     if sample is None or not live:
         return None
-    stacks_seen = []
+    stacks_seen, python_seen = [], []
     for attempt in range(SAMPLES):
         if attempt:
             time.sleep(SAMPLE_PAUSE)
         taken = sample()
-        if taken is None or not _library_code(taken[1]):
-            return None  # the user's own Python code runs (a callback of np.vectorize, say): progressing
+        if taken is None:
+            return None
         stacks_seen.append(taken[0])
+        python_seen.append(taken[1])
     loops = [loop_library(frames) for frames in stacks_seen]
     found = next((library for library in loops if library is not None), None)
     if found is None or sum(library == found for library in loops) < SAMPLES - 1:
@@ -98,6 +99,9 @@ def spinning_in(sample: Sample | None, live: frozenset[str]) -> str | None:
     if not all(any(library == found for library, _ in frames) for frames in stacks_seen):
         return None  # the loop returned meanwhile: another call, progressing
     owners = _distributions(found)
+    for files in python_seen:
+        if not _library_code(files[0]) and any(owners & _distributions(file) for file in files[1:]):
+            return None  # the library calls the user's Python back (np.vectorize's function): progressing
     for path in live:
         shared = owners & _distributions(path)
         if shared:
