@@ -20,8 +20,10 @@ from typing import Any
 
 from . import _registry, _torch_internals, hook_names, native
 from ._options import Options
+from ._stopped_workers import WorkerStoppedWarning, continued_since_asked, stop_state, warn_stopped
+from ._stuck_workers import ORPHAN_CONFIRM, ORPHAN_IDLE_TICKS, ORPHAN_WAIT, StuckWorkers  # noqa: F401
 
-__all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError"]
+__all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError", "WorkerStoppedWarning"]
 
 FIRST_ITEM_FACTOR = 2.0
 """The worker's start and first item may take this many times ``stall_timeout``."""
@@ -38,13 +40,6 @@ STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # BATCH: how many items the current call works on (a Dataset's __getitems__, or
 # collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
-ORPHAN_WAIT = 3.0
-"""Seconds without progress after which a busy worker's wait is looked at (``Watch.orphaned``)."""
-ORPHAN_CONFIRM = 2.0
-"""Seconds the same wait must then last, with the worker near idle, to be certain."""
-ORPHAN_IDLE_TICKS = 10
-"""CPU ticks (10 ms) the whole worker may use meanwhile (a helper thread's timer); a pool at work
-for the main thread uses far more."""
 # PYTHON_SIGNAL, NATIVE_SIGNAL: the signals the worker chose for its stack dumpers (0: none).
 
 
@@ -61,12 +56,6 @@ class WorkerStallError(RuntimeError):
         self.reports = reports
         self.details = ""
         """Every stack collected, all threads, Python and native."""
-
-
-class WorkerStoppedWarning(RuntimeWarning):
-    """A DataLoader worker with work to do has been stopped (``SIGSTOP``, or held by a debugger)
-    for longer than its ``stall_timeout`` while the main process runs: the loader waits for it.
-    A stopped worker is never reported as stalled; this says why the loader is waiting."""
 
 
 class Watch:
@@ -112,7 +101,7 @@ class Watch:
         self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
         self.lacking_pools: frozenset[str] = frozenset()
         self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
-        self._waits: dict[int, tuple[str, int, float, str]] = {}
+        self.stuck = StuckWorkers()  # parent only: what orphaned saw of each busy worker
         now = time.monotonic()
         for worker_id in range(num_workers):
             self.slots[worker_id * FIELDS + LAST] = now
@@ -254,7 +243,7 @@ class Watch:
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             pid = pids[worker_id] if pids is not None and worker_id < len(pids) else None
-            if pid is not None and _continued_since_asked(pid):
+            if pid is not None and continued_since_asked(pid):
                 self.resumed[worker_id] = now
                 self.stop_reported[worker_id] = False
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
@@ -263,12 +252,12 @@ class Watch:
             batch = self.slots[base + BATCH]
             waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
             if waited > limit:
-                stop = _stop_state(pid) if pid is not None else ""
+                stop = stop_state(pid) if pid is not None else ""
                 if pid is not None and stop:
                     self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
                     if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
                         self.stop_reported[worker_id] = True
-                        _warn_stopped(worker_id, pid, waited, stop)
+                        warn_stopped(worker_id, pid, waited, stop)
                     continue
                 found.append((worker_id, waited, limit, state, items, batch))
         return found
@@ -290,15 +279,8 @@ class Watch:
     def orphaned(
         self, alive: list[bool], pids: list[int | None]
     ) -> list[tuple[int, float, float, float, float, float]]:
-        """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit.
-
-        A worker's main thread that waits in the same system call for
-        ``ORPHAN_CONFIRM`` seconds, the worker near idle, inside a library
-        whose threads were live in the parent at the fork (``lacking_pools``),
-        waits for threads it does not have: nothing in the worker can wake it.
-        """
-        from .diagnostics import thread_owners
-
+        """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit:
+        one waiting, idle, in a library whose threads it lacks, or spinning in one (``_stuck_workers``)."""
         now = time.monotonic()
         found: list[tuple[int, float, float, float, float, float]] = []
         for worker_id in range(self.num_workers):
@@ -307,77 +289,45 @@ class Watch:
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
             waited = now - max(last, self.resumed[worker_id])
             if state == IDLE or not alive[worker_id] or pid is None or waited < ORPHAN_WAIT:
-                self._waits.pop(worker_id, None)
+                self.stuck.forget(worker_id)
                 continue
             if not self.lacking_pools and self.find_lacking_pools is not None:
                 # None found at the start: a pool's threads still running then (a loaded machine
                 # schedules them late) could not be attributed. Looked for again, once, now.
                 self.lacking_pools = frozenset(hazard.library for hazard in self.find_lacking_pools())
                 self.find_lacking_pools = None
-            if not self.lacking_pools:
-                return found
-            wait = thread_owners.wait_in(pid, self.lacking_pools)
-            if wait is None:
-                self._waits.pop(worker_id, None)
-                continue
-            seen = self._waits.get(worker_id)
-            if seen is None or seen[0] != wait[0] or wait[2] - seen[1] > ORPHAN_IDLE_TICKS:
-                self._waits[worker_id] = (wait[0], wait[2], now, wait[1])
-            elif now - seen[2] >= ORPHAN_CONFIRM:
+            if self.stuck.idle(worker_id, pid, self.lacking_pools, now) or self.stuck.spinning(
+                worker_id, pid, self.lacking_pools, now, self._sampler(worker_id, pid)
+            ):
                 found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
         return found
 
+    def _sampler(self, worker_id: int, pid: int) -> Any:
+        """Samples of worker ``worker_id``'s main stacks (None without both its dumpers)."""
+        if self.ready_flags(worker_id) & (NATIVE_READY | PYTHON_READY) != NATIVE_READY | PYTHON_READY:
+            return None
+        from .diagnostics import spin_samples
+
+        base = worker_id * FIELDS
+        return spin_samples.sampler(
+            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]),
+            self.python_stack_path(worker_id, pid), int(self.slots[base + PYTHON_SIGNAL]),
+        )
+
     def waits_in(self, worker_id: int) -> str | None:
         """The library ``orphaned`` saw worker ``worker_id``'s main thread wait in, or None."""
-        seen = self._waits.get(worker_id)
+        seen = self.stuck.waits.get(worker_id)
         return seen[3] if seen is not None else None
+
+    def spins_in(self, worker_id: int) -> str | None:
+        """The package ``orphaned`` found worker ``worker_id``'s main thread spinning in, or None."""
+        return self.stuck.spins_in.get(worker_id)
 
     def ready_flags(self, worker_id: int) -> int:
         return int(self.slots[worker_id * FIELDS + READY])
 
     def state(self, worker_id: int) -> float:
         return self.slots[worker_id * FIELDS + STATE]
-
-
-def _continued_since_asked(pid: int) -> bool:
-    """Whether child ``pid`` was continued after a stop since the last time this was asked.
-
-    ``waitid(WCONTINUED)`` without ``WEXITED``: it reaps nothing, and torch's and
-    multiprocessing's waits (``WEXITED`` only) never consume this report. False for
-    a process that is not this one's child (a forkserver's worker).
-    """
-    try:
-        result = os.waitid(os.P_PID, pid, os.WCONTINUED | os.WNOHANG)
-    except (ChildProcessError, OSError):
-        return False
-    return result is not None and result.si_code == os.CLD_CONTINUED
-
-
-def _stop_state(pid: int) -> str:
-    """"T" if process ``pid`` is stopped now by a signal (job control, ``SIGSTOP``), "t" if a tracer
-    (a debugger) holds it stopped, "" otherwise."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return ""
-    return fields[0] if fields and fields[0] in ("T", "t") else ""
-
-
-def _warn_stopped(worker_id: int, pid: int, waited: float, stop: str) -> None:
-    import warnings
-
-    if stop == "t":
-        how = "a debugger (ptrace) holds it stopped"
-    else:
-        how = f"it was stopped (SIGSTOP); `kill -CONT {pid}` resumes it"
-    warnings.warn(
-        f"safeloader: DataLoader worker {worker_id} (pid {pid}) has made no progress for {waited:.0f} s and is "
-        f"stopped while the main process runs: {how}. The loader waits for it; a stopped worker is not "
-        "counted as stalled.",
-        WorkerStoppedWarning,
-        stacklevel=2,
-    )
 
 
 def _still_held(signum: int, handler: int) -> bool:
@@ -696,7 +646,7 @@ def _check(iterator: Any, watch: Watch) -> None:
         stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
         return
-    from .diagnostics import stall_report  # only once a worker stalled
+    from .diagnostics import certain_causes, stall_report  # only once a worker stalled
 
     reports = []
     for worker_id, waited, limit, state, items, batch in stalled:
@@ -712,6 +662,11 @@ def _check(iterator: Any, watch: Watch) -> None:
             waits_in=watch.waits_in(worker_id) if certain else None,
         )
         report.certain = certain
+        if certain:
+            spins_in = watch.spins_in(worker_id) or ""
+            report.spinning = spins_in
+            report.cause = certain_causes.spinning(spins_in, _main_frames(report)) if spins_in else (
+                certain_causes.overruled(report.cause))
         report.collating = int(batch) if state == COLLATING else 0
         report.batch = int(batch)
         reports.append(report)
@@ -720,6 +675,11 @@ def _check(iterator: Any, watch: Watch) -> None:
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
     error.details = "\n\n".join(stall_report.details(report) for report in reports)
     raise error
+
+
+def _main_frames(report: Any) -> list[tuple[str, str]]:
+    main = next((thread for thread in report.native_threads if thread.tid == report.pid), None)
+    return main.frames if main is not None else []
 
 
 # A failed send counts as "out of descriptors" when fewer than this many are left.

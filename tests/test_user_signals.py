@@ -108,10 +108,10 @@ def test_torch_hangs_on_the_stall_case():
     assert result.timed_out, f"torch's DataLoader was expected to hang on item 5:\n{result}"
 
 
-def _stopped_mid_second_epoch(loader: str, seconds: float) -> dict:
-    """Run the ``sigcont`` case; stop its process group (as Ctrl-Z does) for ``seconds`` one second
-    into the second epoch, then continue it."""
-    code, output = run_stopped("user_signals.py", loader, "sigcont", marker="epoch2", delay=1.0, seconds=seconds)
+def _stopped_mid_second_epoch(loader: str, seconds: float, case: str = "sigcont") -> dict:
+    """Run the ``sigcont`` case (or ``case``); stop its process group (as Ctrl-Z does) for ``seconds``
+    one second into the second epoch, then continue it."""
+    code, output = run_stopped("user_signals.py", loader, case, marker="epoch2", delay=1.0, seconds=seconds)
     assert code == 0, f"{loader}: exit {code}\n{output}"
     return json.loads(output.strip().splitlines()[-1])
 
@@ -126,6 +126,18 @@ def test_a_user_sigcont_handler_installed_after_a_loader_causes_no_false_stall()
     for loader, result in results.items():
         assert result["stall"] is None and result["items"] == list(range(24)), (loader, result)
         assert result["cont"] >= 1, (loader, result)  # the user's handler still sees the continue
+
+
+@pytest.mark.parametrize("case", ["sigcont-before", "sigcont"])
+def test_a_seven_second_stop_with_a_user_sigcont_handler_is_not_a_stall(case):
+    # Issue 42, item 8: a user's SIGCONT handler installed before or after the first loader, the
+    # process group stopped 7 s (stall_timeout=2 s, first item 4 s). Torch's loader beside it.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        loaders = ("torch", "safeloader")
+        results = dict(zip(loaders, pool.map(_stopped_mid_second_epoch, loaders, (7.0, 7.0), (case, case))))
+    for loader, result in results.items():
+        assert result["stall"] is None and result["items"] == list(range(24)), (loader, result)
+        assert result["cont"] >= 1, (loader, result)
 
 
 @pytest.mark.parametrize("case", ["slow", "rlock"])

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from .. import _registry, hook_names, native
 from .._torch_internals import WORKER_LOOP_NAMES
-from . import native_libraries, stacks
+from . import certain_causes, native_libraries, stacks
 from .stacks import NativeThread, PythonThread
 
 PYTHON_DUMP_WAIT = 3.0
@@ -49,7 +49,9 @@ class StallReport:
     batch: int = 1
     """Items the stuck call works on (a Dataset's __getitems__ gets the budget of each)."""
     certain: bool = False
-    """Reported before its limit: it waits, unchanged and idle, in a library whose threads it lacks."""
+    """Reported before its limit: it waits, unchanged and idle, or spins, in a library whose threads it lacks."""
+    spinning: str = ""
+    """The package it spins in (``certain``, at full CPU), '' where it waits idle."""
     waits_in: str | None = None
     """That library (read from the worker's stack through /proc, without its native stack dumper)."""
     stack_objects: tuple[str, ...] = ()
@@ -281,7 +283,7 @@ def _pool_cause(library: str, symbols: list[str], watch: WatchedLoader) -> str |
 
     kinds = native_pools.runtimes_in_symbols(symbols) or native_pools.runtimes(library)
     if not kinds:
-        return _lacking_threads_cause(library)
+        return certain_causes.lacking_threads(library)
     owner = native_pools.owner(library)
     what = native_pools.describe(library, kinds[:1])
     also = f" (it also runs a {', '.join(kinds[1:])}, inherited the same way)" if kinds[1:] else ""
@@ -297,26 +299,6 @@ def _pool_cause(library: str, symbols: list[str], watch: WatchedLoader) -> str |
         f"runs a {kinds[0]}{also}. The parent started it before the fork (its threads: "
         f"{_parent_thread_names() or 'none named'}); a forked child has the pool's bookkeeping but none of its "
         f"threads, so the job it queued never runs. Fix: {fix}."
-    )
-
-
-def _lacking_threads_cause(library: str) -> str | None:
-    """Any library: the worker waits in one whose threads this process (its parent) runs."""
-    from . import native_libraries, unsafe_fork
-
-    real = os.path.realpath(library)
-    count = sum(n for lib, n in unsafe_fork._live_libraries().items() if os.path.realpath(lib) == real)
-    if not count:
-        return None
-    package = native_libraries.package_of(library)
-    where = short_library(library) + (f" ({package})" if package != os.path.basename(library) else "")
-    return (
-        f"{package}'s native threads, inherited without them: the worker waits in {where}, whose {count} "
-        "thread(s) run in the parent and did not survive the fork; a forked "
-        "child has the pool's bookkeeping but none of its threads, so the job it queued never runs. Fix: "
-        "create or open what uses it in each worker, lazily (in __getitem__ or worker_init_fn), not in the "
-        "parent; or pass on_unsafe_fork='forkserver' to the loader (workers started by a preloaded forkserver: "
-        "the Dataset must pickle)."
     )
 
 
@@ -420,11 +402,7 @@ def describe(report: StallReport, full: bool = True) -> list[str]:
         f"while {what}; its limit was {report.limit:g} s.",
     ]
     if report.certain:
-        lines[0] = (
-            f"DataLoader worker {report.worker_id} (pid {report.pid}) made no progress for {report.waited:.1f} s "
-            f"while {what}, and never will: it waits, unchanged and idle, inside a library whose "
-            "threads were live in the parent at the fork and do not exist in the worker."
-        )
+        lines[0] = certain_causes.headline(report.worker_id, report.pid, report.waited, what, report.spinning)
     stuck = report.stuck_frames()
     if stuck:
         where = f"  Stuck in {stuck[0][2]} ({stuck[0][0]}:{stuck[0][1]})"

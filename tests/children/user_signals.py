@@ -14,6 +14,7 @@ argv: ``torch`` or ``safeloader``; the case:
 - ``sigcont``: one epoch, then the user installs a SIGCONT handler, then prints ``epoch2`` and
   runs a second, slow epoch (24 items of 0.25 s, 2 workers), during which the test stops and
   continues the whole process group; safeloader runs with stall_timeout=2.
+- ``sigcont-before``: the same, the SIGCONT handler installed before the first loader.
 
 Prints one JSON line: what the handlers saw (``handled``: items whose Python handler ran in
 the worker; ``dumps``: faulthandler dumps written to the user's file), the items,
@@ -135,11 +136,14 @@ elif CASE == "parent":
     os.kill(os.getpid(), FAULT_SIGNAL)
     dump_file.seek(0)
     result["dumps"] = dump_file.read().decode().count("Stack (most recent call first)")
-elif CASE == "sigcont":
+elif CASE in ("sigcont", "sigcont-before"):
     conts = []
+    if CASE == "sigcont-before":
+        signal.signal(signal.SIGCONT, lambda signum, frame: conts.append(signum))
     loader = DataLoader(Slow(), batch_size=2, num_workers=2, **options)
     result["items"] = [int(x) for batch in loader for x in batch]
-    signal.signal(signal.SIGCONT, lambda signum, frame: conts.append(signum))
+    if CASE == "sigcont":
+        signal.signal(signal.SIGCONT, lambda signum, frame: conts.append(signum))
     print("epoch2", flush=True)
     items = []
     try:
