@@ -325,3 +325,26 @@ def test_the_walk_finds_a_module_global_the_datasets_methods_read_and_not_one_th
     finally:
         for name in ("READ", "UNREAD", "SCRIPT_COLLATE"):
             script[name].close()
+
+
+def test_the_walk_visits_a_bounded_number_of_objects_however_deeply_large_containers_nest(monkeypatch):
+    """Probes of large containers within probes multiplied: an s3fs client's object graph took
+    minutes to search. Every visit, probes included, counts against one budget."""
+    import types
+
+    from safeloader.backends import _held_files
+
+    tree: list = []
+    for _ in range(8):  # each item its own list of the level below's items: small in memory, deep to search
+        tree = [types.SimpleNamespace(inner=list(tree)) for _ in range(34)]
+    visits = 0
+    held_by = _held_files._held_by
+
+    def counting(*args, **kwargs):
+        nonlocal visits
+        visits += 1
+        return held_by(*args, **kwargs)
+
+    monkeypatch.setattr(_held_files, "_held_by", counting)
+    assert _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(tree=tree))) == set()
+    assert visits <= _held_files._MAX_NODES, visits

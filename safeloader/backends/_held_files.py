@@ -101,7 +101,7 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
     h5py = sys.modules.get("h5py")
     hl_object = getattr(getattr(h5py, "_hl", None), "base", None)
     hl_object = getattr(hl_object, "HLObject", None)
-    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object):
+    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object, _Visits(_MAX_NODES)):
         # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
         # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
         cls = type(node)
@@ -120,32 +120,49 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
     return frozenset(fds)
 
 
-def _walk(start: Any, numbers: set[int], budget: int, hl_object: type | None) -> Iterator[Any]:
+class _Visits:
+    """What is left of one search's budget of objects, shared by its probes of large containers."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _walk(
+    start: Any, numbers: set[int], limit: int, hl_object: type | None, visits: _Visits, probing: bool = False
+) -> Iterator[Any]:
     """Each object reachable from ``start`` through instance attributes (``__dict__`` and slots),
     containers (large ones by kind), closures, partials and bound methods, nearest first, at most
-    ``budget``; the ints that attributes hold go to ``numbers``."""
+    ``limit`` and never beyond what ``visits`` has left; the ints that attributes hold go to
+    ``numbers``."""
     seen: set[int] = set()
     queue = deque(node for node in start if type(node) not in _LEAF_TYPES)
-    while queue and len(seen) < budget:
+    while queue and len(seen) < limit and visits.left > 0:
         node = queue.popleft()
         if id(node) in seen or isinstance(node, _NOT_SEARCHED):
             continue
         seen.add(id(node))
+        visits.left -= 1
         yield node
         try:
-            values = _held_by(node, numbers, hl_object)
+            values = _held_by(node, numbers, hl_object, visits, probing)
             queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
         except Exception:  # a container or attribute that raises (a user's __len__, __getattr__): not searched
             continue
 
 
-def _held_by(node: Any, numbers: set[int], hl_object: type | None) -> Any:
+def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visits, probing: bool) -> Any:
     """What ``node`` holds, to search next."""
     if isinstance(node, (dict, *_CONTAINERS)):
         items = node.values() if isinstance(node, dict) else node
         if len(node) > _MAX_CONTAINER:
             return ()
-        return _by_kind(items, hl_object) if len(node) > _LARGE else items
+        if len(node) > _LARGE:
+            # A probe looks at small containers only: probes within probes multiplied (an s3fs
+            # client's object graph took minutes), and their visits count against the search's.
+            return () if probing else _by_kind(items, hl_object, visits)
+        return items
     if isinstance(node, FunctionType):
         cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
         return cells + list(node.__defaults__ or ())
@@ -154,7 +171,7 @@ def _held_by(node: Any, numbers: set[int], hl_object: type | None) -> Any:
     return _attributes(node, numbers)
 
 
-def _by_kind(items: Any, hl_object: type | None) -> list[Any]:
+def _by_kind(items: Any, hl_object: type | None, visits: _Visits) -> list[Any]:
     """The items of a large container worth searching: of each type, all of them if the first
     ``_PROBE`` hold a file (or are one), else none."""
     kinds: dict[type, list[Any]] = {}
@@ -164,7 +181,7 @@ def _by_kind(items: Any, hl_object: type | None) -> list[Any]:
             kinds.setdefault(cls, []).append(item)
     found = []
     for kind in kinds.values():
-        probe = _walk(kind[:_PROBE], set(), _PROBE_NODES, hl_object)
+        probe = _walk(kind[:_PROBE], set(), _PROBE_NODES, hl_object, visits, probing=True)
         if any(_holds_a_file(node, hl_object) for node in probe):
             found += kind
     return found
