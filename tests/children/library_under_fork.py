@@ -1,7 +1,7 @@
 """A library whose pool the parent used, used again by each forked worker: does it cope with fork?
 
 argv: the case (``CASES``), the loaders to run in turn, comma-separated (``torch``: torch's own
-DataLoader, its fork and a 20 s ``timeout``; ``safeloader``: safeloader's DataLoader with default
+DataLoader, its fork and a 10 s ``timeout``; ``safeloader``: safeloader's DataLoader with default
 arguments), and a scratch directory. The
 parent runs the case's work with the library's pool on more than one thread, then 2 workers run
 it for 4 items. Prints one JSON object per loader: ``parent_threads`` (the library's threads that
@@ -217,7 +217,7 @@ class UsesTheLibrary(torch.utils.data.Dataset):
 
 def run(loader: str) -> dict:
     loader_type = torch.utils.data.DataLoader if loader == "torch" else safeloader.DataLoader
-    options: dict = {"timeout": 20} if loader == "torch" else {}
+    options: dict = {"timeout": 10} if loader == "torch" else {}
     items: list = []
     error = ""
     with warnings.catch_warnings(record=True) as caught:
