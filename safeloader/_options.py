@@ -113,7 +113,9 @@ class Options:
         if budget is not None and (
             isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_THREAD_BUDGET
         ):
-            raise ValueError(f"thread_budget must be None or an int from 1 to {MAX_THREAD_BUDGET}, got {budget!r}")
+            raise ValueError(
+                f"thread_budget must be None or an int from 1 to {MAX_THREAD_BUDGET}, got {_shown(budget)}"
+            )
         if not isinstance(self.freeze_gc, bool):
             raise TypeError(f"freeze_gc must be a bool, got {self.freeze_gc!r}")
         object.__setattr__(self, "stall_timeout", _check_stall_timeout(self.stall_timeout))

@@ -26,6 +26,9 @@ def _interpreter(path: str) -> bool:
     return path[path.rfind("/") + 1 :].startswith(("libpython", "python"))
 
 
+SPIN_WINDOW_MAX = 32.0  # seconds: a worker computing for minutes is sampled at most twice a minute
+
+
 class StuckWorkers:
     """Per worker, the wait (or the spin) first seen and when; kept by the parent's ``Watch``."""
 
@@ -35,12 +38,17 @@ class StuckWorkers:
         # worker -> (CPU ticks, when first seen running)
         self.runs: dict[int, tuple[int, float]] = {}
         self.spins_in: dict[int, str] = {}  # worker -> the package its spin was confirmed in
+        # worker -> seconds of CPU without an item before its next sampling: doubled after each
+        # sampling that found no spin, so that a long CPU-bound item is interrupted ever more rarely.
+        self.spin_windows: dict[int, float] = {}
         self.trusted: frozenset[str] = frozenset()  # libraries live in the parent that the table calls safe
         self._trusted_at = -1.0
 
     def forget(self, worker_id: int) -> None:
         self.waits.pop(worker_id, None)
         self.runs.pop(worker_id, None)
+        self.spins_in.pop(worker_id, None)
+        self.spin_windows.pop(worker_id, None)
 
     def live_libraries(self, lacking: frozenset[str], now: float) -> frozenset[str]:
         """Every library with native threads in this process (the workers' parent), whatever the table
@@ -117,15 +125,16 @@ class StuckWorkers:
         if seen is None:
             self.runs[worker_id] = (ticks, now)
             return False
-        elapsed = now - seen[1]
-        if elapsed < ORPHAN_CONFIRM:
+        window = self.spin_windows.get(worker_id, ORPHAN_CONFIRM)
+        if now - seen[1] < window:
             return False
         if ticks - seen[0] <= ORPHAN_IDLE_TICKS:
             self.runs[worker_id] = (ticks, now)  # not running: start the window again
             return False
         package = spin_samples.spinning_in(sample, self.live_libraries(lacking, now) | lacking)
-        if package is None:
+        if package is None:  # the next window starts after the sampling, which took a while
             self.runs[worker_id] = (ticks, time.monotonic())
+            self.spin_windows[worker_id] = min(2 * window, SPIN_WINDOW_MAX)
             return False
         self.spins_in[worker_id] = package
         return True

@@ -121,6 +121,10 @@ def test_what_a_worker_hook_raises_reaches_the_parent_as_a_hook_error_and_ctrl_c
         ),
         ("stall_timeout", 1e10, "stall_timeout must be None (off) or a finite number of seconds > 0, "
          "got 10000000000.0: too large (at most 9223372036)"),
+        pytest.param(  # the message itself raised (repr of an int over 4300 digits), naming no option
+            "thread_budget", 10**5000, "thread_budget must be None or an int from 1 to 1024, got an int of about "
+            "5001 digits", id="thread_budget-10**5000",
+        ),
     ],
 )
 def test_bad_option_values_are_refused_where_given(keyword, value, message):

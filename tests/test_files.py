@@ -346,5 +346,33 @@ def test_the_walk_visits_a_bounded_number_of_objects_however_deeply_large_contai
         return held_by(*args, **kwargs)
 
     monkeypatch.setattr(_held_files, "_held_by", counting)
-    assert _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(tree=tree))) == set()
+    found = _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(tree=tree)))
     assert visits <= _held_files._MAX_NODES, visits
+    assert found == set()  # each level's kind probed, none holds a file
+
+
+def test_a_search_cut_short_or_a_kind_holding_raw_descriptors_still_finds_every_file(tmp_path):
+    """Files beyond the search's reach must not be left shared silently: a Dataset with more
+    readers than the search visits gets every read-only file made private; readers that hold raw
+    descriptor numbers (``self.fd = os.open(...)``) in a large list are searched, not dropped."""
+    import types
+
+    from safeloader.backends import _held_files
+
+    binary, _, _ = write_records(tmp_path)
+    fds = [os.open(binary, os.O_RDONLY) for _ in range(40)]
+    try:
+        readers = [types.SimpleNamespace(fd=fd) for fd in fds]
+        found = _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(readers=readers)))
+        assert found == set(fds), found
+        chain = types.SimpleNamespace(next=None, fd=fds[0])  # a file beyond the search's 20,000 objects
+        for _ in range(_held_files._MAX_NODES + 10):
+            chain = types.SimpleNamespace(next=chain)
+        found = _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(chain=chain)))
+        assert found == _held_files.EVERY_FILE
+        index = list(range(50_000))  # a very large container of plain values: nothing to search, no cut
+        found = _held_files.held_descriptors(types.SimpleNamespace(dataset=types.SimpleNamespace(index=index)))
+        assert found == set()
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import os
 import stat
 import sys
@@ -23,7 +24,9 @@ EVERY_FILE = "every read-only file"
 on a Python file object, a loader with no objects to walk): privatize them all, as before."""
 
 _MAX_NODES = 20_000  # objects visited per start, nearest first: beyond, the rest is not searched
-_MAX_CONTAINER = 10_000  # longer lists, dicts and sets (file lists, index tables) are not searched
+# Longer lists, dicts and sets are looked at through a strided sample of this many items: all
+# plain values (an index table) and they are not searched; else they are searched by kind.
+_MAX_CONTAINER = 10_000
 # A container of more items is searched by kind: the first _PROBE items of each type are searched
 # (within _PROBE_NODES objects), and the others of that type only if those held a file. Large
 # collections are homogeneous (annotation records, shard readers): 9,000 records of a dict and a
@@ -101,7 +104,8 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
     h5py = sys.modules.get("h5py")
     hl_object = getattr(getattr(h5py, "_hl", None), "base", None)
     hl_object = getattr(hl_object, "HLObject", None)
-    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object, _Visits(_MAX_NODES)):
+    visits = _Visits(_MAX_NODES)
+    for node in _walk(roots(loader), numbers, _MAX_NODES, hl_object, visits):
         # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
         # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
         cls = type(node)
@@ -112,6 +116,8 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
         elif hl_object is not None and issubclass(cls, hl_object):
             if not _h5py_file(node, h5py, fds, identities, h5py_files):
                 return EVERY_FILE
+    if visits.cut:  # what the search did not reach may hold files: every one is made private, as before
+        return EVERY_FILE
     # A number the Dataset holds may be a raw descriptor (os.open): kept if it names a regular file.
     fds.update(fd for fd in numbers if 0 <= fd < _descriptor_limit() and _is_regular_file(fd))
     if identities:  # files known by path only (HDF5 on the stdio driver): their descriptors, by inode
@@ -121,12 +127,14 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
 
 
 class _Visits:
-    """What is left of one search's budget of objects, shared by its probes of large containers."""
+    """What is left of one search's budget of objects, shared by its probes of large containers,
+    and whether the search stopped before it had looked at everything it could reach."""
 
-    __slots__ = ("left",)
+    __slots__ = ("cut", "left")
 
     def __init__(self, left: int) -> None:
         self.left = left
+        self.cut = False
 
 
 def _walk(
@@ -140,7 +148,8 @@ def _walk(
     queue = deque(node for node in start if type(node) not in _LEAF_TYPES)
     while queue and len(seen) < limit and visits.left > 0:
         node = queue.popleft()
-        if id(node) in seen or isinstance(node, _NOT_SEARCHED):
+        # type(): isinstance reads __class__, which a proxy (wrapt, a lazy object) answers with code.
+        if id(node) in seen or issubclass(type(node), _NOT_SEARCHED):
             continue
         seen.add(id(node))
         visits.left -= 1
@@ -150,18 +159,20 @@ def _walk(
             queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
         except Exception:  # a container or attribute that raises (a user's __len__, __getattr__): not searched
             continue
+    if queue and not probing:
+        visits.cut = True
 
 
 def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visits, probing: bool) -> Any:
     """What ``node`` holds, to search next."""
     if isinstance(node, (dict, *_CONTAINERS)):
         items = node.values() if isinstance(node, dict) else node
-        if len(node) > _MAX_CONTAINER:
+        if len(node) > _MAX_CONTAINER and _plain_values(items, len(node)):
             return ()
         if len(node) > _LARGE:
             # A probe looks at small containers only: probes within probes multiplied (an s3fs
             # client's object graph took minutes), and their visits count against the search's.
-            return () if probing else _by_kind(items, hl_object, visits)
+            return () if probing else _by_kind(items, hl_object, visits, numbers)
         return items
     if isinstance(node, FunctionType):
         cells = [cell.cell_contents for cell in node.__closure__ or () if _filled(cell)]
@@ -171,9 +182,15 @@ def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visi
     return _attributes(node, numbers)
 
 
-def _by_kind(items: Any, hl_object: type | None, visits: _Visits) -> list[Any]:
+def _plain_values(items: Any, size: int) -> bool:
+    """Whether a strided sample of a very large container's items holds plain values only."""
+    step = max(1, size // _MAX_CONTAINER)
+    return all(type(item) in _LEAF_TYPES for item in itertools.islice(items, 0, None, step))
+
+
+def _by_kind(items: Any, hl_object: type | None, visits: _Visits, numbers: set[int]) -> list[Any]:
     """The items of a large container worth searching: of each type, all of them if the first
-    ``_PROBE`` hold a file (or are one), else none."""
+    ``_PROBE`` hold a file (or are one, or hold a raw descriptor number), else none."""
     kinds: dict[type, list[Any]] = {}
     for item in items:
         cls = type(item)
@@ -181,8 +198,12 @@ def _by_kind(items: Any, hl_object: type | None, visits: _Visits) -> list[Any]:
             kinds.setdefault(cls, []).append(item)
     found = []
     for kind in kinds.values():
-        probe = _walk(kind[:_PROBE], set(), _PROBE_NODES, hl_object, visits, probing=True)
-        if any(_holds_a_file(node, hl_object) for node in probe):
+        probe_numbers: set[int] = set()
+        probe = _walk(kind[:_PROBE], probe_numbers, _PROBE_NODES, hl_object, visits, probing=True)
+        limit = _descriptor_limit()
+        if any(_holds_a_file(node, hl_object) for node in probe) or any(
+            0 <= number < limit and _is_regular_file(number) for number in probe_numbers
+        ):
             found += kind
     return found
 
