@@ -276,11 +276,14 @@ def test_epochs_beside_a_thread_importing_a_large_package_do_not_wait_for_it(tmp
     for loader in ("torch", "safeloader"):
         (tmp_path / loader).mkdir()
         runs[loader] = check_script("import_warmup_thread.py", loader, tmp_path / loader, timeout=60).stdout
+    warnings = {}
     for loader, out in runs.items():
         lines = out.splitlines()
         assert lines[:2] == ["still importing after 3 epochs: True", str([[0, 1, 2, 3]] * 3)], (loader, out)
-    assert runs["torch"].splitlines()[2:] == [], runs["torch"]
+        # Python 3.12+ warns at each fork of a process with threads: not the warnings looked at here.
+        warnings[loader] = [line for line in lines[2:] if "is multi-threaded, use of fork()" not in line]
+    assert warnings["torch"] == [], runs["torch"]
     # Named once, by its thread and the package it asked for (not a submodule as if it were stuck).
-    warned = runs["safeloader"].splitlines()[2:]
+    warned = warnings["safeloader"]
     assert len(warned) == 1 and "importing warm_package when" in warned[0], warned
     assert "thread 'warm-up'" in warned[0], warned
