@@ -248,7 +248,8 @@ def test_a_worker_spinning_on_a_zmq_socket_made_in_the_parent_is_named_with_its_
     if out.startswith("RuntimeError: DataLoader worker"):
         # The stack samples' signals can land where libzmq asserts on errno ("Assertion failed: errno ==
         # EAGAIN", on stderr), which aborts the worker: torch's error, with the library named all the same.
-        assert "is killed by signal: Aborted." in out and "holding pyzmq's native threads" in out, out
+        # (Seen once on CI's Python 3.13 leg as a segmentation fault instead.) The worker would spin for ever.
+        assert "is killed by signal: " in out and "holding pyzmq's native threads" in out, out
     else:
         assert out.startswith("WorkerStallError: safeloader:"), out
         assert "and never will: it keeps running, in a loop inside pyzmq's native code" in out, out
