@@ -151,10 +151,7 @@ def _objects_on_stack(pid: int) -> tuple[str, ...]:
     return tuple(name for name in found if not os.path.basename(name).startswith(("libpython", "python")))
 
 
-def short_library(path: str) -> str:
-    """``zarrs/_internal.abi3.so`` for an installed package's library, the file name otherwise."""
-    _, marker, inside = path.rpartition("-packages" + os.sep)
-    return inside if marker else os.path.basename(path)
+short_library = certain_causes.short_library  # ``zarrs/_internal.abi3.so``: one definition, shared
 
 
 def _is_library_code(file: str) -> bool:
