@@ -72,6 +72,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check safeloader tests benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache  # the layers of docs/design.md (pyproject: tool.importlinter)
 	$(PY) -m mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m compileall -q safeloader tests benchmarks  # see COMPILE above
 	$(PY) -m pytest $(PYTEST_PARALLEL)
@@ -81,6 +82,7 @@ test: setup
 # benchmark harness and the demo, each a few fresh interpreters) run in `make test`.
 test-latest: setup-latest
 	$(PY_LATEST) -m ruff check safeloader tests benchmarks
+	$(VENV_LATEST)/bin/lint-imports --no-cache
 	$(PY_LATEST) -m mkdocs build --strict --quiet --site-dir build/site-latest
 	$(PY_LATEST) -m compileall -q safeloader tests benchmarks
 	$(PY_LATEST) -m pytest $(PYTEST_PARALLEL) -m "not torch_baseline and not tooling"

@@ -14,18 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _options, _registry
+from . import _dispatch, _hooks, _options  # noqa: F401 (_dispatch: its one os.register_at_fork registration)
+from ._context import ForkContext, fork_context
+from ._hooks import Hook, disable, enable, hooks, register_at_fork, unregister
 from ._options import Options, get_options
-from ._registry import (
-    ForkContext,
-    Hook,
-    disable,
-    enable,
-    fork_context,
-    hooks,
-    register_at_fork,
-    unregister,
-)
 from .errors import HookError, RegistrationError, UnsafeForkError
 from .native import NATIVE
 
@@ -41,7 +33,7 @@ def configure(**options: object) -> Options:
     """
     updated = get_options().replace(**options)
     if "disable_hooks" in options:
-        _registry.check_hook_names(updated.disable_hooks)
+        _hooks.check_hook_names(updated.disable_hooks)
     return _options.set_defaults(updated)
 
 if TYPE_CHECKING:

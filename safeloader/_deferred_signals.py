@@ -34,7 +34,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from . import _registry
+from . import _hooks
 
 GRACE_SECONDS = 2.0
 """How long a signal handler's exception waits for the start's end before it is raised anyway."""
@@ -164,4 +164,4 @@ def _give_handlers_back_in_child() -> None:
         signals.give_back_in_child()
 
 
-_registry.reset_in_child(_give_handlers_back_in_child)
+_hooks.reset_in_child(_give_handlers_back_in_child)

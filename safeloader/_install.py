@@ -24,7 +24,7 @@ from typing import Any
 import torch.utils.data
 import torch.utils.data.dataloader
 
-from . import _registry, _torch_internals
+from . import _context, _torch_internals
 from ._loader import SafeDataLoader, start_armed
 from ._torch_loader_pickling import reduce_torch_loader
 from .backends.pin_memory import remove_gate as remove_pin_memory_gate
@@ -105,7 +105,7 @@ def install() -> Installation:
         torch.utils.data.DataLoader = SafeDataLoader  # type: ignore[misc]
         torch.utils.data.dataloader.DataLoader = SafeDataLoader  # type: ignore[misc]
         _patch = patch
-        _registry.set_installed(True)
+        _context.set_installed(True)
         return Installation(owner=True)
 
 
@@ -118,7 +118,7 @@ def uninstall() -> None:
         if patch is None and not _patched():
             return
         # Without a record (an install() cut short before it kept one): what is ours is undone.
-        _registry.set_installed(False)
+        _context.set_installed(False)
         original = patch.get_iterator if patch is not None else _torchs_get_iterator()
         _torch_internals.set_get_iterator(_TorchDataLoader, original)
         reduce_ex = _TorchDataLoader.__dict__.get("__reduce_ex__")
@@ -134,7 +134,7 @@ def uninstall() -> None:
 def _patched() -> bool:
     """Whether anything ``install()`` patches is still patched (it may have been cut short)."""
     return (
-        _registry.installed()
+        _context.installed()
         or getattr(_torch_internals.get_iterator_of(_TorchDataLoader), "__safeloader_armed__", False)
         or _TorchDataLoader.__dict__.get("__reduce_ex__") is reduce_torch_loader
         or torch.utils.data.DataLoader is SafeDataLoader
@@ -144,4 +144,4 @@ def _patched() -> bool:
 
 def installed() -> bool:
     """Whether ``install()`` is in effect."""
-    return _registry.installed()
+    return _context.installed()

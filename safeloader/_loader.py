@@ -17,8 +17,19 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from . import _abandoned_locks, _registry, _torch_internals, backends, forkstate, watchdog
+from . import (
+    _abandoned_locks,
+    _context,
+    _dispatch,
+    _fork_check,
+    _hooks,
+    _torch_internals,
+    backends,
+    forkstate,
+    watchdog,
+)
 from ._deferred_signals import DeferredSignals
+from ._interrupts import is_interrupt
 from ._options import OPTION_NAMES, Options, get_options, hook_names
 from .diagnostics import unsafe_fork
 from .errors import HookError
@@ -57,7 +68,7 @@ class WorkerInit:
             queue = _torch_internals.result_queue_of_worker_loop(sys._getframe(1))
             if queue is not None:
                 self.watch.watch_result_queue(worker_id, queue)
-        _registry.raise_child_failure()
+        _dispatch.raise_child_failure()
         if self.user_fn is not None:
             self.user_fn(worker_id)
         if self.watch is not None:
@@ -98,12 +109,12 @@ def _start_lock(loader: Any) -> threading.RLock:
 
 
 def _hazards_of(options: Options, loader: weakref.ref[Any]) -> list[unsafe_fork.Hazard]:
-    return unsafe_fork.hazards(options, loader())
+    return _fork_check.hazards(options, loader())
 
 
 def start_armed(loader: Any, start: Callable[[], Any]) -> Any:
     """Run ``start`` (torch's ``_get_iterator``) with the worker forks armed."""
-    if loader.num_workers == 0 or _registry.armed() is not None:
+    if loader.num_workers == 0 or _context.armed() is not None:
         return start()  # no workers, or already armed by an outer call
     with _start_lock(loader), DeferredSignals() as signals:
         return _start_armed(loader, start, signals)
@@ -135,7 +146,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if user_context is None and not _fork_is_default() and _torch_internals.safeloader_start_method() == "fork":
             object.__setattr__(loader, "multiprocessing_context", "fork")
         # May raise, or switch to forkserver (on_unsafe_fork); else the pools the workers will lack.
-        lacking = unsafe_fork.apply(loader, options, _start_method(loader))
+        lacking = _fork_check.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)
         watch = watchdog.start_watch(loader, options, start_method)
         if watch is not None and start_method == "fork":
@@ -144,7 +155,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
             # The loader weakly: a persistent iterator (the loader's) holds the watch.
             watch.find_lacking_pools = functools.partial(_hazards_of, options, weakref.ref(loader))
         object.__setattr__(loader, "worker_init_fn", WorkerInit(user_init, watch))
-        arming = _registry.arm(loader, options, watch)
+        arming = _dispatch.arm(loader, options, watch)
         backends.prepare_start(loader, options, start_method)
         iterator = start()
     except BaseException as exc:
@@ -152,7 +163,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
     if arming is None:
         # Cut between arm() and the assignment: this thread's arming is ours all the same
         # (start_armed runs this only where the thread was not armed).
-        arming = _registry.armed()
+        arming = _context.armed()
     late = None  # an interrupt that landed while the start was undone
     for _attempt in range(_ATTEMPTS):
         try:
@@ -162,16 +173,16 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
             if late is None:
                 late = exc
     if arming is not None and arming.interrupt is not None:
-        if failure is None or not _registry.is_interrupt(failure):
+        if failure is None or not is_interrupt(failure):
             failure = arming.interrupt  # a hook's error or torch's reaction to it: the interrupt came first
     signals.restore()  # from here an interrupt is raised where it lands, as without safeloader
-    if signals.pending is not None and (failure is None or not _registry.is_interrupt(failure)):
+    if signals.pending is not None and (failure is None or not is_interrupt(failure)):
         failure = signals.pending  # it came first (a hook's or torch's error after it is dropped)
     if failure is None:
         failure = late or (arming.errors[0] if arming is not None and arming.errors else None)
     if failure is not None:
         if arming is not None:
-            if arming.interrupt is not None or late is not None or _registry.is_interrupt(failure):
+            if arming.interrupt is not None or late is not None or is_interrupt(failure):
                 forkstate.forget()
             half_built = iterator if iterator is not None else _half_built_iterator(failure)
             for _attempt in range(_ATTEMPTS):
@@ -207,12 +218,12 @@ _KILL_WAIT = 5.0
 """Seconds to wait for a killed worker to be reaped."""
 
 
-def _end_start(loader: Any, user_init: Any, user_context: Any, arming: _registry.Arming | None) -> None:
+def _end_start(loader: Any, user_init: Any, user_context: Any, arming: _context.Arming | None) -> None:
     """Give the user's attributes back and disarm; idempotent (run again if interrupted)."""
     object.__setattr__(loader, "worker_init_fn", user_init)
     object.__setattr__(loader, "multiprocessing_context", user_context)
     if arming is not None:
-        _registry.disarm(arming)
+        _dispatch.disarm(arming)
 
 
 def _half_built_iterator(failure: BaseException) -> Any:
@@ -226,7 +237,7 @@ def _half_built_iterator(failure: BaseException) -> Any:
     return None
 
 
-def _stop_workers(iterator: Any, arming: _registry.Arming) -> None:
+def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
     """Stop the workers of a start that failed or was interrupted, as torch's iterator does
     (``_shutdown_workers``), and the ones it forked but did not keep yet (interrupted between
     the fork and ``self._workers.append``). Idempotent: run again if interrupted."""
@@ -273,12 +284,12 @@ class _SafeDataLoaderMeta(type):
     # armed too). Keep isinstance(x, torch.utils.data.DataLoader) true for
     # them, as trainers check it.
     def __instancecheck__(cls, obj: object) -> bool:
-        if cls is SafeDataLoader and _registry.installed():
+        if cls is SafeDataLoader and _context.installed():
             return isinstance(obj, _TorchDataLoader)
         return super().__instancecheck__(obj)
 
     def __subclasscheck__(cls, subclass: type) -> bool:
-        if cls is SafeDataLoader and _registry.installed():
+        if cls is SafeDataLoader and _context.installed():
             return issubclass(subclass, _TorchDataLoader)
         return super().__subclasscheck__(subclass)
 
@@ -344,7 +355,7 @@ class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
         # Validated now, not at the first fork.
         checked = get_options().replace(**{name: value for name, value in given.items() if value is not DEFAULT})
         if disable_hooks is not DEFAULT:
-            _registry.check_hook_names(checked.disable_hooks)
+            _hooks.check_hook_names(checked.disable_hooks)
         super().__init__(
             dataset,
             batch_size,

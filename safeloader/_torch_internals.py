@@ -316,12 +316,13 @@ def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, 
     return int(arguments["worker_id"]), int(arguments["num_workers"])
 
 
-def launching_worker() -> tuple[int, int, Any] | None:
-    """(worker_id, num_workers, multiprocessing's Popen) if this fork launches a DataLoader worker.
+def launching_worker() -> tuple[int, int, Any, FrameType] | None:
+    """(worker_id, num_workers, multiprocessing's Popen, its ``_launch`` frame) if this fork launches
+    a DataLoader worker.
 
     multiprocessing forks from ``Popen._launch(self, process_obj)``; the
     Process still holds its target and arguments there. That frame is a few
-    levels up (the registry's _context_for_this_fork, its _on_before, then os.fork's caller);
+    levels up (the dispatch's _context_for_this_fork, its _on_before, then os.fork's caller);
     the walk is bounded so an unrelated deep stack costs nothing.
     """
     frame: FrameType | None = sys._getframe(1)
@@ -335,7 +336,7 @@ def launching_worker() -> tuple[int, int, Any] | None:
             if signature is None:
                 return None
             try:
-                return (*_worker_arguments(process, signature), frame.f_locals.get("self"))
+                return (*_worker_arguments(process, signature), frame.f_locals.get("self"), frame)
             except (TypeError, KeyError, ValueError):
                 return None
         frame = frame.f_back

@@ -17,7 +17,8 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from . import _registry, _torch_internals, backends, forkstate, native
+from . import _hooks as hook_registry
+from . import _torch_internals, backends, forkstate, native
 from ._options import get_options
 from .diagnostics import native_libraries, stacks
 from .hook_names import FILES, H5PY, PIN_MEMORY, TORCH
@@ -42,7 +43,7 @@ LOOP_OWNERS = (("zarr.core.sync", "zarr", "reset_resources_after_fork"), ("fsspe
 
 def _does(name: str) -> str:
     """What the hook ``name`` does, in a line ('' when it is not registered)."""
-    hook = _registry.get_hook(name)
+    hook = hook_registry.get_hook(name)
     return hook.description if hook is not None else ""
 
 
@@ -88,8 +89,8 @@ def _start_method() -> dict[str, Any]:
 def _hooks() -> list[dict[str, Any]]:
     options = get_options()
     rows = []
-    for hook in _registry.hooks():
-        phases = [p for p in _registry.PHASES if getattr(hook, p) is not None]
+    for hook in hook_registry.hooks():
+        phases = [p for p in hook_registry.PHASES if getattr(hook, p) is not None]
         missing = [m for m in hook.requires if m not in sys.modules]
         if not hook.enabled:
             state = "disabled (safeloader.disable)"
@@ -118,7 +119,7 @@ def _hooks() -> list[dict[str, Any]]:
 
 
 def _hook_runs(name: str) -> bool:
-    return _registry.hook_runs(name, get_options())
+    return hook_registry.hook_runs(name, get_options())
 
 
 def thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
@@ -190,7 +191,7 @@ def _open_npz_archives() -> list[str]:
 
 def _remedy(name: str) -> str:
     """How to turn the hook ``name`` back on where it does not run ('' when there is no such hook)."""
-    hook = _registry.get_hook(name)
+    hook = hook_registry.get_hook(name)
     if hook is None:
         return ""
     if name in get_options().disable_hooks:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class HookError(RuntimeError):
     """A fork hook raised. Names the hook, the phase and (in a worker) the worker id.
@@ -41,3 +43,13 @@ class UnsafeForkError(RuntimeError):
     def __init__(self, message: str, *, libraries: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.libraries = libraries
+
+
+def out_of_descriptors_hint(exc: BaseException) -> str:
+    """A sentence to add to an error caused by running out of file descriptors, else ''."""
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return (
+            ". The process ran out of file descriptors: raise the limit with `ulimit -n` in the shell "
+            "(or resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or use fewer workers"
+        )
+    return ""

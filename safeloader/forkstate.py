@@ -12,12 +12,13 @@ import platform
 import sys
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import _loader_lock, _torch_internals, native
 from ._imports import modules_state
 
 __all__ = [
-    "ForkState", "ForeignThread", "Pool", "parent_state", "record", "record_for_later_forks", "register", "snapshot",
+    "ForkState", "ForeignThread", "Pool", "StartForks", "parent_state", "record", "record_for_later_forks", "snapshot",
 ]
 
 # Runtimes whose pool a forked child cannot use: GNU OpenMP keeps the parent's
@@ -287,15 +288,15 @@ _recorded: ForkState | None = None
 # The ForkContext of the fork it was taken for, weakly: the context holds the
 # loader, and a strong reference would keep its persistent workers alive.
 _recorded_for: weakref.ref[object] | None = None
-# What the earlier forks of the loader starting now (its registry Arming, weakly)
-# found: where each native thread waits, read from /proc at 60-100 us per thread,
-# and the last state with the thread ids it was taken with. A loader forks its
-# workers within milliseconds: while the same threads run and no library was
-# loaded, the next fork reuses the state. A pool that started in between has
-# new thread ids, so the fork after it takes a new state (reading only the new threads).
+
+
+# What the earlier forks of a loader start (kept on its Arming, as ``forks``) found: where each native
+# thread waits, read from /proc at 60-100 us per thread, and the last state with the thread ids it was
+# taken with. A loader forks its workers within milliseconds: while the same threads run and no
+# library was loaded, the next fork reuses the state. A pool that started in between has new thread
+# ids, so the fork after it takes a new state (reading only the new threads).
 @dataclass
-class _LoaderForks:
-    arming: weakref.ref[object]
+class StartForks:
     known: dict[tuple[int, str], ForeignThread] = field(default_factory=dict)
     thread_ids: tuple[int, ...] | None = None
     state: ForkState | None = None
@@ -303,29 +304,20 @@ class _LoaderForks:
     """``_imports.modules_state()`` at the last record: an import may change a backend's plan."""
 
 
-_loader_forks: _LoaderForks | None = None
-
-
-def record() -> ForkState:
-    """In the parent, during a worker fork's ``before`` phase: the state for this fork.
-
-    Taken once per fork (later calls for the same fork return the same
-    object), so several backends can share it; the worker inherits it as
-    ``parent_state()``.
-    """
-    global _recorded, _recorded_for, _loader_forks
-    from ._registry import armed, fork_context
-
-    context = fork_context()
-    if _recorded is not None and context is not None and _recorded_for is not None and _recorded_for() is context:
+def record(ctx: Any) -> ForkState:
+    """In the parent, during a worker fork's ``before`` phase (``ctx``: its ``ForkContext``): the
+    state for this fork. Taken once per fork (later calls for the same fork return the same object),
+    so several backends can share it; the worker inherits it as ``parent_state()``."""
+    global _recorded, _recorded_for
+    if _recorded is not None and ctx is not None and _recorded_for is not None and _recorded_for() is ctx:
         return _recorded
-    arming = armed()
+    arming = ctx.start if ctx is not None else None
     if arming is None:
         _recorded = snapshot(pools=False, count_frozen=False)
     else:
-        forks = _loader_forks
-        if forks is None or forks.arming() is not arming:
-            forks = _loader_forks = _LoaderForks(weakref.ref(arming))
+        forks = arming.forks
+        if forks is None:
+            forks = arming.forks = StartForks()
         thread_ids = tuple(native.thread_ids())
         libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
         if forks.state is not None and forks.thread_ids == thread_ids and forks.state.libraries is libraries:
@@ -334,16 +326,14 @@ def record() -> ForkState:
             _recorded = forks.state = _snapshot(pools=False, count_frozen=False, known=forks.known)
             forks.thread_ids = thread_ids
         forks.modules = modules_state()
-    _recorded_for = weakref.ref(context) if context is not None else None
+    _recorded_for = weakref.ref(ctx) if ctx is not None else None
     return _recorded
 
 
 def forget() -> None:
-    """Drop what ``record`` reuses from one fork to the next: after a start an interrupt cut
-    short, which may have cut a ctypes callback of the library walk short too (ctypes drops the
-    exception: the walk goes on, and its list would miss objects)."""
-    global _loader_forks
-    _loader_forks = None
+    """Drop the dynamic loader's listing that ``record`` reuses: after a start an interrupt cut short,
+    which may have cut a ctypes callback of the library walk short too (ctypes drops the exception:
+    the walk goes on, and its list would miss objects)."""
     if _linker is not None:
         _linker._loaded = (None, ())
 
@@ -360,14 +350,12 @@ def parent_state() -> ForkState | None:
     return state
 
 
-def unchanged_since_record() -> bool:
+def unchanged_since_record(arming: Any) -> bool:
     """Whether the parent has no thread, loaded library or imported module that it did not have at
-    the loader start's last ``record`` (which then holds for this fork too: the start's
+    the start ``arming``'s last ``record`` (which then holds for this fork too: the start's
     ``per_start`` plans are reused)."""
-    from ._registry import armed
-
-    forks = _loader_forks
-    if forks is None or forks.state is None or forks.arming() is not armed():
+    forks = arming.forks
+    if forks is None or forks.state is None:
         return False
     if forks.state.libraries is not _dynamic_linker().loaded() or forks.modules != modules_state():
         return False
@@ -375,31 +363,14 @@ def unchanged_since_record() -> bool:
     return forks.thread_ids is not None and native.threads_within(forks.thread_ids)
 
 
-def record_for_later_forks() -> tuple[tuple[int, ...], tuple[int, int], tuple[int, str, object]] | None:
-    """What the start's last ``record`` was taken with (thread ids, the dynamic loader's counters,
-    ``modules_state()``), for the C path of its later forks (``_fast_fork``) to check as
-    ``unchanged_since_record`` does; None where there is none for the start arming this thread."""
-    from ._registry import armed
-
-    forks = _loader_forks
-    if forks is None or forks.state is None or forks.thread_ids is None or forks.arming() is not armed():
+def record_for_later_forks(arming: Any) -> tuple[tuple[int, ...], tuple[int, int], tuple[int, str, object]] | None:
+    """What the start ``arming``'s last ``record`` was taken with (thread ids, the dynamic loader's
+    counters, ``modules_state()``), for the C path of its later forks (``_fast_fork``) to check as
+    ``unchanged_since_record`` does; None where there is none."""
+    forks = arming.forks
+    if forks is None or forks.state is None or forks.thread_ids is None:
         return None
     counters = _linker._loaded[0] if _linker is not None and forks.state.libraries is _linker._loaded[1] else None
     if counters is None or not isinstance(forks.modules, tuple):
         return None
     return forks.thread_ids, counters, forks.modules
-
-
-def register() -> None:
-    """Register the "forkstate" hook, which records ``parent_state()`` for each worker."""
-    from ._registration import register_planned
-    from .hook_names import FORKSTATE
-
-    register_planned(
-        before=record,
-        after_in_parent=None,
-        after_in_child=None,
-        name=FORKSTATE,
-        description="records the parent's threads and pools at each fork, for diagnostics",
-        per_start=True,
-    )

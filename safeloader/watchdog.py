@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _registry, _torch_internals, hook_names, native
+from . import _hooks, _torch_internals, hook_names, native
+from ._context import ForkContext
+from ._hooks import FastFork
 from ._options import Options
 from ._stopped_workers import WorkerStoppedWarning, continued_since_asked, stop_state, warn_stopped
 from ._stuck_workers import ORPHAN_CONFIRM, ORPHAN_IDLE_TICKS, ORPHAN_WAIT, StuckWorkers  # noqa: F401
+from .errors import out_of_descriptors_hint
 
 __all__ = ["FIRST_ITEM_FACTOR", "Watch", "WorkerStallError", "WorkerStoppedWarning"]
 
@@ -518,22 +521,26 @@ def _watch_if_in_worker(fetcher: Any) -> Any:
     return _watch_fetcher(fetcher, beat) if beat is not None else fetcher
 
 
-def _start_clock_at_fork() -> None:
+def _start_clock_at_fork(ctx: ForkContext | None) -> None:
     """In the parent, last before a worker fork: its start is timed from now.
 
     The Watch was created before the first fork; another hook may have waited
     long since (for a lock another thread held), and that is not the worker's time.
     """
-    context = _registry.fork_context()
-    if context is not None and isinstance(context.watch, Watch):
-        context.watch.slots[context.worker_id * FIELDS + LAST] = time.monotonic()
+    if ctx is not None and isinstance(ctx.watch, Watch):
+        ctx.watch.slots[ctx.worker_id * FIELDS + LAST] = time.monotonic()
 
 
-def _enter_worker_at_fork() -> None:
+def _enter_worker_at_fork(ctx: ForkContext | None, plan: None) -> None:
     """In a forked worker, before any other hook runs: its heartbeat and stack dumpers."""
-    context = _registry.fork_context()
-    if context is not None and isinstance(context.watch, Watch):
-        context.watch.enter_worker(context.worker_id)
+    if ctx is not None and isinstance(ctx.watch, Watch):
+        ctx.watch.enter_worker(ctx.worker_id)
+
+
+def _clock_at_later_forks(ctx: ForkContext, plan: None) -> FastFork:
+    """At a start's later forks the C path times each worker's start in the Watch's slots."""
+    watch = ctx.watch
+    return FastFork(clock=(watch.slots, FIELDS, LAST)) if isinstance(watch, Watch) else FastFork()
 
 
 def register() -> None:
@@ -541,12 +548,14 @@ def register() -> None:
     # First among after_in_child hooks (and last in `before`), so that a hang in
     # a later hook or in worker_init_fn is diagnosed with stacks too.
     # Spawn/forkserver workers start their watch in safeloader's worker_init_fn instead.
-    _registry.register_at_fork(
+    _hooks.register_planned(
         before=_start_clock_at_fork,
+        after_in_parent=None,
         after_in_child=_enter_worker_at_fork,
         name=hook_names.WATCHDOG,
         first=True,
         description="names a worker that makes no progress for stall_timeout seconds, then stops the workers",
+        fast_fork=_clock_at_later_forks,
     )
 
 
@@ -569,7 +578,7 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
         import warnings
 
         warnings.warn(
-            f"safeloader: the stall watchdog is off for this loader: {error}{_registry.out_of_descriptors_hint(error)}",
+            f"safeloader: the stall watchdog is off for this loader: {error}{out_of_descriptors_hint(error)}",
             RuntimeWarning,
             stacklevel=3,
         )

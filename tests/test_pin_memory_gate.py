@@ -61,10 +61,10 @@ def test_gate_stays_closed_until_both_of_two_concurrent_forks_are_done():
 
     def forking_thread(before_step: int, after_step: int) -> None:
         assert steps[before_step].wait(30)
-        gate.BACKEND.before()
+        gate.BACKEND.before(None)
         done[before_step].set()
         assert steps[after_step].wait(30)
-        gate.BACKEND.after_in_parent(None)
+        gate.BACKEND.after_in_parent(None, None)
         done[after_step].set()
 
     a = threading.Thread(target=forking_thread, args=(0, 2))
@@ -102,17 +102,17 @@ def test_after_in_parent_without_a_close_leaves_other_threads_closure_alone():
     release = threading.Event()
 
     def forking_thread() -> None:
-        gate.BACKEND.before()
+        gate.BACKEND.before(None)
         closed.set()
         assert release.wait(30)
-        gate.BACKEND.after_in_parent(None)
+        gate.BACKEND.after_in_parent(None, None)
 
     forker = threading.Thread(target=forking_thread)
     forker.start()
     try:
         assert closed.wait(30)
         # A thread whose `before` found no gate (removed meanwhile) still runs `after_in_parent`.
-        opener = threading.Thread(target=gate.BACKEND.after_in_parent, args=(None,))
+        opener = threading.Thread(target=gate.BACKEND.after_in_parent, args=(None, None))
         opener.start(), opener.join(30)
         late = Pinnable()
         pinning = threading.Thread(target=pin_module.pin_memory, args=(late,), daemon=True)

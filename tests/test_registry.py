@@ -45,7 +45,7 @@ def test_duplicate_name_is_refused_unless_replace():
     [
         ({}, "at least one of"),
         ({"before": 42}, "before must be callable"),
-        ({"after_in_child": lambda x: None}, "no arguments"),
+        ({"after_in_child": lambda x, y: None}, "no arguments"),
         ({"before": noop, "name": ""}, "non-empty str"),
         ({"before": noop, "first": "yes"}, "first must be a bool"),
         ({"before": noop, "first": True, "last": True}, "first or last, not both"),

@@ -10,15 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .. import forkstate
+from .._hooks import Hook, get_hook
 from .._options import Options
-from .._registration import Hook, get_hook
 from ..errors import RegistrationError
 from ._backend import Backend
 
 # Modules under safeloader.backends, registered in this order at import of safeloader.
 BUILTIN: tuple[str, ...] = (
-    "zarrs", "polars", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
+    "forkstate", "zarrs", "polars", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
     "threadpools", "executors", "torch_state", "gc_freeze", "pin_memory", "blosc2", "pyav",
 )
 
@@ -26,8 +25,7 @@ _backends: list[Backend] = []
 
 
 def register_builtin() -> None:
-    """Register every built-in backend's fork hook, and the parent-state record they share."""
-    forkstate.register()
+    """Register every built-in backend's fork hook."""
     for name in BUILTIN:
         backend = importlib.import_module(f"{__name__}.{name}").BACKEND
         backend.register()

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from .. import _registration, _registry
+from .. import _context, _hooks
+from .._context import ForkContext
+from .._hooks import FastFork
 from .._options import Options
 from ..diagnostics import native_libraries
 from ..diagnostics.native_libraries import Library
@@ -51,27 +53,34 @@ class Backend:
     loader start's first fork (and again where those changed), and the start's other forks reuse
     its plan, running nothing of this backend in the parent between forks. Not with ``after_in_parent``."""
 
-    NOTHING_TO_DO: ClassVar[Any] = _registration.NOTHING_TO_DO
+    NOTHING_TO_DO: ClassVar[Any] = _hooks.NOTHING_TO_DO
     """A plan for ``before`` to return when the worker has nothing for this backend to do and
     ``before`` changed nothing in the parent: ``after_in_child`` is then not called in that worker
     (``after_in_parent`` gets None). Each hook a worker runs costs it pages copied from the
     parent, even one that returns at once."""
 
-    def before(self) -> Any:
+    def before(self, ctx: ForkContext) -> Any:
         """In the parent, right before a worker fork: this worker's plan (any object; None for nothing)."""
         return None
 
     def set_plan(self, plan: Any) -> None:
         """In ``before``: make ``plan`` this fork's plan at once, so that ``after_in_parent`` can
         undo what ``before`` changes even if ``before`` then raises or is interrupted."""
-        _registry.set_plan(self.name, plan)
+        _context.set_plan(self.name, plan)
 
-    def after_in_parent(self, plan: Any) -> None:
+    def after_in_parent(self, ctx: ForkContext, plan: Any) -> None:
         """In the parent, right after the fork (also after a ``before`` that raised or was
         interrupted: ``plan`` is then None); undo what ``before`` changed. Must be idempotent."""
 
-    def after_in_child(self, plan: Any) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Any) -> None:
         """In the new worker, before torch's worker loop: apply ``plan`` (None: ``before`` did not run)."""
+
+    def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork | None:
+        """At the fork of a start that made its plans: what the C path must do for this backend at the
+        start's later forks, in its place (``FastFork``); None (the default) where ``before`` or
+        ``after_in_parent`` may have work there: the start's later forks then take the Python path.
+        Not asked of a ``plan_per_start`` backend, whose ``before`` runs at none of them."""
+        return None
 
     def uncovered(self, loader: Any) -> str:
         """Why the live threads of its ``libraries`` stay a hazard for ``loader``'s forked workers
@@ -112,7 +121,7 @@ class Backend:
                 )
         return libraries
 
-    def register(self) -> _registration.Hook | None:
+    def register(self) -> _hooks.Hook | None:
         """Register its fork hook and the libraries it handles; None for a backend that only prepares starts."""
         native_libraries.handled_by(self.name, self._libraries())
         if not self.has_hook():
@@ -120,7 +129,7 @@ class Backend:
         before, after_in_parent, after_in_child = (
             getattr(self, phase) if self._overrides(phase) else None for phase in _PHASES
         )
-        return _registration.register_planned(
+        return _hooks.register_planned(
             before=before,
             after_in_parent=after_in_parent,
             after_in_child=after_in_child,
@@ -130,4 +139,5 @@ class Backend:
             requires=self.requires,
             description=self.description,
             per_start=self.plan_per_start,
+            fast_fork=self.fast_fork if self._overrides("fast_fork") else None,
         )

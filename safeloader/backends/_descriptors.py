@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from .. import _registry, native
+from .. import _context, native
 
 PROC_FD = "/proc/self/fd"
 AVAILABLE = os.path.isdir(PROC_FD)
@@ -27,7 +27,7 @@ def scan() -> tuple[Descriptor, ...]:
 def at_fork() -> tuple[Descriptor, ...]:
     """The table for the hooks of the fork under way: listed once per fork, by the parent's first
     ``before`` to ask (the worker inherits that list), else by the worker's first hook to ask."""
-    return _registry.fork_memo(_MEMO, scan)
+    return _context.fork_memo(_MEMO, scan)
 
 
 _MEMO = "memo:descriptors"
@@ -37,7 +37,7 @@ def kinds_at_fork() -> int:
     """``native.descriptor_kinds()`` for the fork under way, asked once by its parent's hooks."""
     if not AVAILABLE:
         return 0
-    return _registry.fork_memo(_KINDS_MEMO, native.descriptor_kinds)
+    return _context.fork_memo(_KINDS_MEMO, native.descriptor_kinds)
 
 
 _KINDS_MEMO = "memo:descriptor kinds"

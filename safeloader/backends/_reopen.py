@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _registry, native
+from .. import _context, native
 from . import _descriptors
 
 _PROC_FD = _descriptors.PROC_FD
@@ -163,7 +163,7 @@ def offsets_at_fork(recorded: Offsets | None = None) -> Offsets:
     zipfile) would decode from the wrong place."""
     _virtual_device_ids()  # for the child's is_virtual, inherited
     # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
-    return _registry.fork_memo(_OFFSETS, _current_offsets if recorded is None else lambda: recorded)
+    return _context.fork_memo(_OFFSETS, _current_offsets if recorded is None else lambda: recorded)
 
 
 _OFFSETS = "memo:offsets"
@@ -176,7 +176,7 @@ def _current_offsets() -> Offsets:
 def _offset_at_fork(entry: InheritedFd) -> int:
     # In a worker, the parent's record for this fork; an empty one where it made none.
     no_record: Offsets = {}
-    recorded = _registry.fork_memo(_OFFSETS, lambda: no_record).get(entry.fd)
+    recorded = _context.fork_memo(_OFFSETS, lambda: no_record).get(entry.fd)
     if recorded is not None and recorded[:2] == (entry.dev, entry.ino):
         return recorded[2]
     return os.lseek(entry.fd, 0, os.SEEK_CUR)
@@ -265,7 +265,7 @@ def privatize_or_share(entry: InheritedFd, worker_id: int | None) -> bool:
 
 def worker_id() -> int | None:
     """The DataLoader worker id of this process, if it is one (fork or spawn)."""
-    context = _registry.fork_context()
+    context = _context.fork_context()
     if context is not None:
         return context.worker_id
     import sys
@@ -284,7 +284,7 @@ def worker_id() -> int | None:
 
 def reducers_active() -> bool:
     """True while a safeloader loader starts its workers on this thread."""
-    return _registry.armed() is not None
+    return _context.armed() is not None
 
 
 _registered: set[type] = set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._registry import fork_context
+from .._context import fork_context
 from .._torch_internals import WORKER_LOOP_MODULES as _WORKER_LOOPS  # their loops set 1 thread
 from .._torch_internals import WORKER_LOOP_NAMES as _WORKER_LOOP_NAMES
 

@@ -14,9 +14,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _registry, hook_names
+from .. import _hooks, hook_names
+from .._context import ForkContext
 from .._options import Options
-from .._registry import fork_context
 from ._backend import Backend
 from .lmdb import find_environments
 
@@ -133,7 +133,7 @@ class Blosc2Backend(Backend):
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         if "blosc2" not in sys.modules or loader is None:
             return
-        if start_method != "fork" or not _registry.hook_runs(NAME, options):
+        if start_method != "fork" or not _hooks.hook_runs(NAME, options):
             self._schunks.pop(loader, None)
             return
         from blosc2 import blosc2_ext
@@ -141,8 +141,8 @@ class Blosc2Backend(Backend):
         found = find_environments(getattr(loader, "dataset", None), blosc2_ext.SChunk)
         self._schunks[loader] = _unique(schunk for _holder, _key, schunk in found)
 
-    def before(self) -> _Plan | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> _Plan | None:
+        context = ctx
         if context is None:
             return None
         import blosc2
@@ -178,7 +178,7 @@ class Blosc2Backend(Backend):
             )
         return plan
 
-    def after_in_parent(self, plan: _Plan | None) -> None:
+    def after_in_parent(self, ctx: ForkContext, plan: _Plan | None) -> None:
         if plan is None:
             return
         from blosc2 import blosc2_ext
@@ -188,7 +188,7 @@ class Blosc2Backend(Backend):
             _set_threads(schunk, cthreads, dthreads)
         blosc2_ext.set_nthreads(plan.global_threads)
 
-    def after_in_child(self, plan: _Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: _Plan | None) -> None:
         if plan is None:
             return
         import blosc2

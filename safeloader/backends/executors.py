@@ -12,7 +12,7 @@ import threading
 from typing import Any, NamedTuple
 
 from .. import hook_names
-from .._registry import fork_context
+from .._context import ForkContext
 from ._backend import Backend
 
 NAME = hook_names.EXECUTORS
@@ -77,14 +77,14 @@ class ExecutorsBackend(Backend):
     description = "ThreadPoolExecutors and multiprocessing ThreadPools get their own threads in each worker"
     plan_per_start = True
 
-    def before(self) -> _Plan | None:
+    def before(self, ctx: ForkContext) -> _Plan | None:
         """The executors with live threads and the running thread pools, for the worker to make new."""
-        if fork_context() is None:
+        if ctx is None:
             return None
         plan = _Plan(_live_executors(), _live_thread_pools())
         return plan if plan.executors or plan.thread_pools else self.NOTHING_TO_DO
 
-    def after_in_child(self, plan: _Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: _Plan | None) -> None:
         if plan is None:
             return
         for executor in plan.executors:

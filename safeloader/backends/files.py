@@ -11,9 +11,10 @@ import stat
 import weakref
 from typing import Any
 
-from .. import _registry, hook_names, native
+from .. import _hooks, hook_names, native
+from .._context import ForkContext, fork_context
+from .._hooks import FastFork
 from .._options import Options
-from .._registry import fork_context
 from . import _descriptors, _held_files, _reopen
 from ._backend import Backend
 
@@ -86,8 +87,8 @@ class FilesBackend(Backend):
         # loader -> the descriptors its objects held at its last start (or EVERY_FILE)
         self._held: weakref.WeakKeyDictionary[Any, frozenset[int] | str] = weakref.WeakKeyDictionary()
 
-    def before(self) -> Any:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> Any:
+        context = ctx
         held = self._held.get(context.loader, _held_files.EVERY_FILE) if context is not None else _held_files.EVERY_FILE
         if isinstance(held, frozenset):
             return _record_held(held) or self.NOTHING_TO_DO
@@ -100,14 +101,18 @@ class FilesBackend(Backend):
         _reopen.offsets_at_fork()
         return None
 
-    def after_in_child(self, plan: tuple[_descriptors.Descriptor, ...] | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: tuple[_descriptors.Descriptor, ...] | None) -> None:
         privatize_inherited_files(plan)
+
+    def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
+        # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
+        return FastFork(worker_plan=self.NOTHING_TO_DO, descriptor_kinds=native.READ_ONLY_FILE)
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         if start_method == "fork":
             # Once per start, before any fork: what the workers can reach. Without a read-only file
             # open there is nothing to find (the walk is skipped: a start with no file pays nothing).
-            if not _registry.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
+            if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds() & native.READ_ONLY_FILE:
                 self._held[loader] = frozenset()

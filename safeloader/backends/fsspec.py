@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from .. import hook_names
+from .._context import ForkContext
 from ._backend import Backend
 
 NAME = hook_names.FSSPEC
@@ -84,12 +85,12 @@ class FsspecBackend(Backend):
         self.parent_loop: Any = None
         """In a worker: the parent's fsspec event loop, which does not run here."""
 
-    def before(self) -> Any:
+    def before(self, ctx: ForkContext) -> Any:
         # Noted in the parent: fsspec's own at-fork handler forgets it in the child,
         # possibly before this hook runs.
         return sys.modules["fsspec.asyn"].loop[0]
 
-    def after_in_child(self, plan: Any) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Any) -> None:
         self.parent_loop = plan
         adopt_parent_filesystems()
 

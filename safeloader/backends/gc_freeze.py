@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import gc
 
-from .. import _fast_fork, hook_names
-from .._registry import fork_context
+from .. import hook_names
+from .._context import ForkContext
+from .._hooks import FastFork
 from ._backend import Backend
 
 NAME = hook_names.GC
-PAUSED = _fast_fork.GC_PAUSED
+PAUSED = True
 """The plan of a fork around which ``before`` paused collection (the C path's later forks too)."""
 
 __all__ = ["BACKEND", "NAME"]
@@ -22,8 +23,8 @@ class GcBackend(Backend):
     name = hook_names.GC
     description = "each worker freezes the objects it inherits (no copy-on-write by its garbage collections)"
 
-    def before(self) -> bool | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> bool | None:
+        context = ctx
         if context is None or not context.options.freeze_gc or not gc.isenabled():
             return None  # the program paused collection itself: left as it is, here and in the worker
         # Paused, not frozen: no collection runs in the worker before it freezes what it inherited,
@@ -37,17 +38,21 @@ class GcBackend(Backend):
         gc.disable()
         return PAUSED
 
-    def after_in_parent(self, plan: bool | None) -> None:
+    def after_in_parent(self, ctx: ForkContext, plan: bool | None) -> None:
         if plan is PAUSED:
             gc.enable()
 
-    def after_in_child(self, plan: bool | None) -> None:
-        context = fork_context()
+    def after_in_child(self, ctx: ForkContext, plan: bool | None) -> None:
+        context = ctx
         # Objects the program froze itself are left to it (gc.get_freeze_count() > 0), as in the parent.
         if context is not None and context.options.freeze_gc and gc.get_freeze_count() == 0:
             gc.freeze()
         if plan is PAUSED:
             gc.enable()
+
+    def fast_fork(self, ctx: ForkContext, plan: bool | None) -> FastFork:
+        # Paused around each later fork too where it was paused around this one (the worker resumes it).
+        return FastFork(worker_plan=PAUSED, pause_gc=True) if plan is PAUSED else FastFork()
 
 
 BACKEND = GcBackend()

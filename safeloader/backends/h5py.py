@@ -10,9 +10,9 @@ import sys
 import warnings
 from typing import Any
 
-from .. import _registry, hook_names
+from .. import _hooks, hook_names
+from .._context import ForkContext, fork_context
 from .._options import Options
-from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import _reopen
 from ._backend import Backend
@@ -217,15 +217,15 @@ class H5pyBackend(Backend):
         import h5py
 
         if start_method == "fork":
-            self.writable = frozenset(_writable_files(_registry.hook_runs(NAME, options), self._warned))
+            self.writable = frozenset(_writable_files(_hooks.hook_runs(NAME, options), self._warned))
         else:
             for cls in (h5py.File, h5py.Group, h5py.Dataset, h5py.Datatype):
                 _reopen.register_reducer(cls, reduce_object if cls is not h5py.File else reduce_file)
 
-    def before(self) -> Inodes:
+    def before(self, ctx: ForkContext) -> Inodes:
         return self.writable or self.NOTHING_TO_DO
 
-    def after_in_child(self, plan: Inodes | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Inodes | None) -> None:
         protect_writable_files(plan or frozenset())
 
 

@@ -10,9 +10,9 @@ import weakref
 from types import FunctionType, ModuleType
 from typing import Any
 
-from .. import _registry, hook_names
+from .. import _hooks, hook_names
+from .._context import ForkContext
 from .._options import Options
-from .._registry import fork_context
 from . import _reopen
 from ._backend import Backend
 
@@ -40,7 +40,7 @@ def plan_start(loader: Any, options: Options, start_method: str, plans: weakref.
 
         _reopen.register_reducer(lmdb.Environment, reduce_environment)
         return
-    if not _registry.hook_runs(NAME, options):
+    if not _hooks.hook_runs(NAME, options):
         plans.pop(loader, None)
         return
     import lmdb
@@ -155,13 +155,13 @@ class LmdbBackend(Backend):
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         plan_start(loader, options, start_method, self._plans)
 
-    def before(self) -> Plan | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> Plan | None:
+        context = ctx
         if context is None or context.loader is None:
             return None
         return self._plans.get(context.loader) or self.NOTHING_TO_DO
 
-    def after_in_child(self, plan: Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Plan | None) -> None:
         if plan:
             reopen_environments(plan)
 

@@ -12,7 +12,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import _registry, hook_names
+from .. import _context, hook_names
+from .._context import ForkContext
+from .._hooks import FastFork
 from .._options import Options
 from .._torch_internals import PIN_MEMORY_MODULE
 from ._backend import Backend
@@ -184,12 +186,13 @@ class PinMemoryBackend(Backend):
         if start_method == "fork" and not gated():
             self._install_gate()
 
-    def before(self) -> None:
-        if not gated() or _registry.held_for_start(NAME):
+    def before(self, ctx: ForkContext | None) -> None:
+        if not gated() or _context.held_for_start(NAME):
             return  # no gate, or closed since the start's first fork
         # At a start safeloader armed, closed until its last fork (then opened by disarm): its other
         # forks have nothing to do. Registered first: opening a gate this thread did not close is a no-op.
-        _registry.hold_for_start(NAME, self.gate.open)
+        if ctx is not None:
+            ctx.hold_for_start(NAME, self.gate.open)
         if not self.gate.close(WAIT_SECONDS):
             warnings.warn(
                 f"safeloader: a pin-memory thread stayed inside pin_memory() for more than {WAIT_SECONDS:g} s; "
@@ -198,12 +201,22 @@ class PinMemoryBackend(Backend):
                 stacklevel=2,
             )
 
-    def after_in_parent(self, plan: None) -> None:
+    def after_in_parent(self, ctx: ForkContext, plan: None) -> None:
         # Only this thread's own close: its `before` may have found no gate to close.
-        if not _registry.held_for_start(NAME):
+        if not _context.held_for_start(NAME):
             self.gate.open()
 
-    def after_in_child(self, plan: None) -> None:
+    def fast_fork(self, ctx: ForkContext, plan: None) -> FastFork | None:
+        if gated() and not _context.held_for_start(NAME):
+            return None  # its before would close the gate at a later fork
+        # Held closed for the whole start, or no gate: nothing to do at later forks while torch's
+        # pin_memory() stays the function seen now.
+        pin_module = sys.modules.get(PIN_MEMORY_MODULE)
+        if pin_module is None or "pin_memory" not in vars(pin_module):
+            return FastFork()
+        return FastFork(watched=((vars(pin_module), "pin_memory", vars(pin_module)["pin_memory"]),))
+
+    def after_in_child(self, ctx: ForkContext, plan: None) -> None:
         # The child has none of the parent's pin threads: it starts from an open gate,
         # made on first use. A fresh lock too: another thread may have held the parent's.
         self._gate_lock = threading.Lock()

@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import _registry, forkstate, hook_names
+from .. import _hooks, forkstate, hook_names
+from .._context import ForkContext
 from .._imports import modules_state
-from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import _extension_copy, polars_objects
 from ._backend import Backend
@@ -99,7 +99,7 @@ class PolarsBackend(Backend):
         self.worker_runtime: str | None = None
         """In a worker: "copy" (its own polars runtime), "inherited" (the parent never started
         polars' pools); else None."""
-        _registry.reset_in_child(self._new_lock_in_child)
+        _hooks.reset_in_child(self._new_lock_in_child)
 
     def _new_lock_in_child(self) -> None:
         if self.setup_lock.locked():  # held by a thread of the parent at the fork (gone here)
@@ -130,12 +130,12 @@ class PolarsBackend(Backend):
             )
         return self._references
 
-    def before(self) -> Plan | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> Plan | None:
+        context = ctx
         if context is None:
             return None
         threads = context.options.threads_per_worker(context.num_workers)
-        return self._plan(forkstate.record(), threads)
+        return self._plan(forkstate.record(ctx), threads)
 
     def _plan(self, state: forkstate.ForkState, threads: int) -> Plan:
         # The threads listed for this fork (forkstate.record) say the same as pools_live(), without reading /proc again.
@@ -148,7 +148,7 @@ class PolarsBackend(Backend):
             _, references, slots = self._current_references()
             return Plan(threads, self._copy_fd, references, slots)
 
-    def after_in_child(self, plan: Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Plan | None) -> None:
         inherited_fd = self._copy_fd
         self._copy_fd, self._copy_problem, self._references = None, None, None  # a loader in this worker starts over
         try:

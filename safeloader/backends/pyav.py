@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import hook_names
-from .._registry import fork_context
+from .._context import ForkContext
 from ._backend import Backend
 from .lmdb import find_environments
 
@@ -149,9 +149,9 @@ class PyavBackend(Backend):
     def __init__(self) -> None:
         self._inherited: list[Any] = []  # in a worker: the parent's objects, never freed there
 
-    def before(self) -> _Plan | None:
+    def before(self, ctx: ForkContext) -> _Plan | None:
         # Once per loader start (plan_per_start): the containers its Dataset holds.
-        context = fork_context()
+        context = ctx
         loader = context.loader if context is not None else None
         return make_plan(getattr(loader, "dataset", None)) if loader is not None else None
 
@@ -165,7 +165,7 @@ class PyavBackend(Backend):
             "none: the threads decode for a container held elsewhere (a module global?)"
         )
 
-    def after_in_child(self, plan: _Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: _Plan | None) -> None:
         self._new_reformatters()
         if plan is None:
             return

@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 from .. import hook_names, native
+from .._context import ForkContext
+from .._hooks import FastFork
 from . import _descriptors
 from ._backend import Backend
 
@@ -159,7 +161,7 @@ class SocketsBackend(Backend):
     first = True
     runs_after = (hook_names.PIN_MEMORY,)
 
-    def before(self) -> Any:
+    def before(self, ctx: ForkContext) -> Any:
         # A socket's family and type never change (whether it is connected does: the worker checks).
         if not _descriptors.kinds_at_fork() & native.TCP_SOCKET:
             return self.NOTHING_TO_DO
@@ -170,9 +172,13 @@ class SocketsBackend(Backend):
         self.stand_ins: StandIns | None = None
         """In a worker that severed connections: its stand-in sockets."""
 
-    def after_in_child(self, plan: None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: None) -> None:
         self.stand_ins = StandIns()
         sever_inherited_connections(self.stand_ins)
+
+    def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
+        # Nothing to do at a later fork while no TCP socket is open (the C path checks each fork).
+        return FastFork(worker_plan=self.NOTHING_TO_DO, descriptor_kinds=native.TCP_SOCKET)
 
     def severed(self, sock: Any) -> bool:
         """Whether ``sock`` (a socket object) is one of this worker's severed descriptors."""

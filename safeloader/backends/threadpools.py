@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _registry, forkstate, hook_names
+from .. import _hooks, forkstate, hook_names
+from .._context import ForkContext
 from .._options import Options
-from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import _gomp_pause, _torch_threads
 from ._backend import Backend
@@ -357,8 +357,8 @@ class ThreadpoolsBackend(Backend):
         self._warned_inactive = False
         self._warned_unreleased: set[str] = set()  # libgomp copies already warned about in this process
 
-    def before(self) -> _Plan | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> _Plan | None:
+        context = ctx
         if context is None:
             return None
         budget = context.options.threads_per_worker(context.num_workers)
@@ -366,7 +366,7 @@ class ThreadpoolsBackend(Backend):
         # starts n - 1 threads of torch's at once (its pthreadpool), in every worker at its start
         # (1.17x torch's warm start with 16 cores and 4 workers, against 1.11x without).
         torch_threads = budget if context.options.thread_budget is not None else 1
-        state = forkstate.record()
+        state = forkstate.record(ctx)
         # GNU OpenMP: a pool this thread started would be the worker's, counting threads it does not
         # have. Released here, on the forking thread, right before the fork (only where a pool may be
         # live): the worker has none, whatever thread count a library sets there later.
@@ -385,7 +385,7 @@ class ThreadpoolsBackend(Backend):
                 self._warned_unreleased.add(path)
                 warnings.warn(_unreleased_message(path, why), RuntimeWarning, stacklevel=2)
 
-    def after_in_child(self, plan: _Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: _Plan | None) -> None:
         if plan is None:
             return
         for pool, threads in plan.limits:
@@ -406,7 +406,7 @@ class ThreadpoolsBackend(Backend):
     def status(self) -> str:
         return status()
 
-    def register(self) -> _registry.Hook | None:
+    def register(self) -> _hooks.Hook | None:
         # Without threadpoolctl the hook stays listed but inactive (Hook.active is
         # False) until threadpoolctl is imported, which means it got installed.
         self.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)  # type: ignore[misc]

@@ -12,7 +12,7 @@ import sys
 from typing import Any, NoReturn
 
 from .. import hook_names
-from .._registry import fork_context
+from .._context import ForkContext, fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from . import _lazy_stacks, _numpy_random_lock
 from ._backend import Backend
@@ -59,12 +59,12 @@ class TorchBackend(Backend):
     plan_per_start = True
     requires = ("torch",)
 
-    def before(self) -> tuple[str, ...]:
+    def before(self, ctx: ForkContext) -> tuple[str, ...]:
         """The accelerators the parent initialised: the worker refuses them."""
         default_mutex()  # found here once, in the parent: every worker inherits it
         return initialised_accelerators()
 
-    def after_in_child(self, plan: tuple[str, ...] | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: tuple[str, ...] | None) -> None:
         # torch's worker loop seeds every accelerator next, each noting where the call came from by
         # reading the source of every frame: 2-3 ms and 300 pages of each worker's start, now none.
         _lazy_stacks.install_in_worker()

@@ -12,10 +12,10 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import _registry, forkstate, hook_names
+from .. import _hooks, forkstate, hook_names
+from .._context import ForkContext
 from .._imports import modules_state
 from .._options import ZARRS_MODES
-from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
 from ._backend import Backend
@@ -71,7 +71,7 @@ class ZarrsBackend(Backend):
         self._modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was checked
         self._real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners name it
         self._live_for: tuple[forkstate.ForkState, bool] | None = None  # runtime_live()'s answer, and its record
-        _registry.reset_in_child(self._new_setup_lock_in_child)
+        _hooks.reset_in_child(self._new_setup_lock_in_child)
 
     def _new_setup_lock_in_child(self) -> None:
         # Another thread of the parent may have held the lock at the fork; the child
@@ -186,12 +186,13 @@ class ZarrsBackend(Backend):
             self._modules_seen = seen  # taken before the pass: an import during it is seen next time
             return self._bindings
 
-    def runtime_live(self) -> bool:
+    def runtime_live(self, ctx: ForkContext | None = None) -> bool:
         """Whether zarrs' extension has threads in this process (rayon's pool, tokio's runtime),
-        or might have: a native thread whose owner cannot be read counts as one."""
+        or might have: a native thread whose owner cannot be read counts as one. ``ctx``: the fork
+        whose record it reads (None: the process as it is now)."""
         from ..diagnostics import thread_owners
 
-        state = forkstate.record()
+        state = forkstate.record(ctx)
         if self._live_for is not None and self._live_for[0] is state:
             return self._live_for[1]  # a loader's later forks, same threads: nothing new to write between forks
         path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
@@ -203,22 +204,22 @@ class ZarrsBackend(Backend):
         self._live_for = (state, live)
         return live
 
-    def before(self) -> Plan | None:
-        context = fork_context()
+    def before(self, ctx: ForkContext) -> Plan | None:
+        context = ctx
         if context is None:  # only armed worker forks run this hook
             return None
         requested = context.options.zarrs_mode
         zarrs_pipelines.patch()  # here, once per process, not in each worker
         # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
         # started builds its own from the module it inherits (and the parent loads no copy).
-        live = requested == "pool" and self.runtime_live()
+        live = requested == "pool" and self.runtime_live(ctx)
         mode = self.resolve_mode(requested, copy=live)
         threads = context.options.threads_per_worker(context.num_workers)
         if mode == "pool" and live:
             return Plan(mode, threads, self._spare, self.current_bindings())
         return Plan(mode, threads, None)
 
-    def after_in_child(self, plan: Plan | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: Plan | None) -> None:
         self._spare = None  # the inherited spare becomes this worker's module: a loader inside it loads its own...
         self._resolved.clear()  # ...checks its own module layout...
         self._modules_seen = None  # ...and finds its bindings again (installing the copy imports nothing)

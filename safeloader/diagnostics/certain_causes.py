@@ -42,10 +42,10 @@ def headline(worker_id: int, pid: int, waited: float, what: str, spinning: str) 
 
 
 def _live_threads(library: str) -> int:
-    from . import unsafe_fork
+    from . import native_pools
 
     real = os.path.realpath(library)
-    return sum(n for lib, n in unsafe_fork._live_libraries().items() if os.path.realpath(lib) == real)
+    return sum(n for lib, n in native_pools.live_libraries().items() if os.path.realpath(lib) == real)
 
 
 def lacking_threads(library: str) -> str | None:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import duckdb_connections, onnxruntime_sessions
+from .native_pools import package_by_place as _package_by_place
+from .native_pools import package_of
 
 __all__ = [
     "KNOWN", "Known", "Library", "entries", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes",
@@ -206,34 +208,6 @@ def is_system(path: str) -> bool:
 
     base = os.path.basename(path)
     return base.startswith((*SYSTEM_LIBRARIES, "libpython", "python"))
-
-
-def package_of(path: str) -> str:
-    """The Python package that ships the shared object ``path`` ("polars", "av"), or its file name.
-
-    From the extension modules loaded from it, else from its place under a
-    ``site-packages`` (or ``dist-packages``) directory: ``av.libs/libavcodec-...so``
-    belongs to ``av``. Nothing is read from disk.
-    """
-    from . import native_pools
-
-    names = native_pools.extension_modules(path)
-    public = [name for name in names if not name.split(".")[0].startswith("_")]
-    if public or names:
-        top = (public or names)[0].split(".")[0]
-        return top.lstrip("_") or top  # "_duckdb": the duckdb package's extension
-    return _package_by_place(path)
-
-
-def _package_by_place(path: str) -> str:
-    parts = path.split(os.sep)
-    for i, part in enumerate(parts[:-1]):
-        if part in ("site-packages", "dist-packages") and i + 2 < len(parts):
-            top = parts[i + 1]
-            for suffix in (".libs", ".dylibs"):
-                top = top.removesuffix(suffix)
-            return top.lstrip("_") or top
-    return os.path.basename(path)
 
 
 def entry(path: str) -> tuple[Known | None, str]:

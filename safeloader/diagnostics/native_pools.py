@@ -94,9 +94,33 @@ def extension_modules(path: str) -> list[str]:
 
 def owner(path: str) -> str:
     """The name of the Python package that ships ``path`` ("polars"), or the library's file name."""
-    from .native_libraries import package_of
-
     return package_of(path)
+
+
+def package_of(path: str) -> str:
+    """The Python package that ships the shared object ``path`` ("polars", "av"), or its file name.
+
+    From the extension modules loaded from it, else from its place under a
+    ``site-packages`` (or ``dist-packages``) directory: ``av.libs/libavcodec-...so``
+    belongs to ``av``. Nothing is read from disk.
+    """
+    names = extension_modules(path)
+    public = [name for name in names if not name.split(".")[0].startswith("_")]
+    if public or names:
+        top = (public or names)[0].split(".")[0]
+        return top.lstrip("_") or top  # "_duckdb": the duckdb package's extension
+    return package_by_place(path)
+
+
+def package_by_place(path: str) -> str:
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages") and i + 2 < len(parts):
+            top = parts[i + 1]
+            for suffix in (".libs", ".dylibs"):
+                top = top.removesuffix(suffix)
+            return top.lstrip("_") or top
+    return os.path.basename(path)
 
 
 def describe(path: str, kinds: tuple[str, ...]) -> str:
@@ -104,3 +128,15 @@ def describe(path: str, kinds: tuple[str, ...]) -> str:
     name = owner(path)
     possessive = "'" if name.endswith("s") else "'s"
     return f"{name}{possessive} {' and '.join(kinds) or 'native threads'}"
+
+
+def live_libraries() -> dict[str, int]:
+    """Object each live native thread waits in -> how many threads."""
+    from .. import native
+    from . import thread_owners
+
+    counts: dict[str, int] = {}
+    for library in thread_owners.owners(native.thread_census().foreign).values():
+        if library is not None:
+            counts[library] = counts.get(library, 0) + 1
+    return counts

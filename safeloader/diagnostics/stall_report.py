@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from .. import _registry, hook_names, native
+from .. import _hooks, hook_names, native
 from .._torch_internals import WORKER_LOOP_NAMES
 from . import certain_causes, native_libraries, stacks
 from .stacks import NativeThread, PythonThread
@@ -130,7 +130,7 @@ def collect(
 
 def _hook_state(name: str, watch: WatchedLoader) -> str:
     """Why the safeloader backend ``name`` did not prevent this."""
-    hook = _registry.get_hook(name)
+    hook = _hooks.get_hook(name)
     if hook is None:
         return f"this safeloader has no {name!r} backend registered"
     if name in watch.disabled_hooks:
@@ -286,7 +286,7 @@ def _pool_cause(library: str, symbols: list[str], watch: WatchedLoader) -> str |
     also = f" (it also runs a {', '.join(kinds[1:])}, inherited the same way)" if kinds[1:] else ""
     fix = (
         _hook_state(owner, watch)
-        if _registry.get_hook(owner) is not None
+        if _hooks.get_hook(owner) is not None
         else f"no safeloader backend resets {owner}'s pools: pass on_unsafe_fork='forkserver' to the loader "
         "(or safeloader.configure(on_unsafe_fork='forkserver')), or do not use the library in the parent "
         "before the workers start"

@@ -31,7 +31,7 @@ def first_in_worker() -> None:  # registered before safeloader's: runs first in 
 os.register_at_fork(after_in_child=first_in_worker)
 
 import safeloader  # noqa: E402  (after first_in_worker's registration)
-from safeloader import _registry, watchdog  # noqa: E402
+from safeloader import _context, _dispatch, watchdog  # noqa: E402
 from safeloader.backends import pin_memory  # noqa: E402
 
 mode, starts = sys.argv[1], int(sys.argv[2])
@@ -42,7 +42,7 @@ between: list[dict] = []
 held: list = []
 stop = threading.Event()
 
-_recognise = _registry._context_for_this_fork
+_recognise = _dispatch._context_for_this_fork
 
 
 def recognise():  # runs only on the registry's Python path
@@ -50,7 +50,7 @@ def recognise():  # runs only on the registry's Python path
     return _recognise()
 
 
-_registry._context_for_this_fork = recognise
+_dispatch._context_for_this_fork = recognise
 
 
 def _profile(frame, event, arg):
@@ -66,7 +66,7 @@ def before() -> None:  # registered after safeloader's: runs before its `before`
 
 def after_in_parent() -> None:  # and after its after_in_parent
     sys.setprofile(None)
-    arming = _registry.armed()
+    arming = _context.armed()
     slots = arming.watch.slots if arming is not None and arming.watch is not None else None
     clock = slots[fork["index"] * watchdog.FIELDS + watchdog.LAST] if slots is not None else 0.0
     between.append({

@@ -50,7 +50,7 @@ def repair() -> None:
     if "__reduce_ex__" in TORCH_CLASS.__dict__:
         del TORCH_CLASS.__reduce_ex__
     torch.utils.data.DataLoader = torch.utils.data.dataloader.DataLoader = TORCH_CLASS
-    safeloader._registry.set_installed(False)
+    safeloader._context.set_installed(False)
     importlib.reload(sys.modules["safeloader._install"])  # its saved state, as at import
 
 

@@ -19,7 +19,7 @@ import blosc2
 import psutil
 
 import safeloader
-from safeloader import _loader_lock, _registration, _registry
+from safeloader import _context, _dispatch, _hooks, _loader_lock
 from safeloader.backends import pin_memory, threadpools
 
 # blosc2's hook stops live C-Blosc2 pools in `before`: the parent must get them back.
@@ -73,8 +73,8 @@ print(f"{len(cases)} cases: {sorted({hook.name for hook, _, _ in cases})}", flus
 failures = 0
 for hook, phase, place in cases:
     interrupter = Interrupter(getattr(hook, phase), place)
-    _registration._hooks[hook.name] = dataclasses.replace(hook, **{phase: interrupter})
-    _registration._reorder()
+    _hooks._hooks[hook.name] = dataclasses.replace(hook, **{phase: interrupter})
+    _hooks._reorder()
     problems = []
     try:
         iterator = iter(loader)
@@ -86,8 +86,8 @@ for hook, phase, place in cases:
     except BaseException as error:  # what the user must not get
         problems.append(f"{type(error).__name__}: {error}")
     finally:
-        _registration._hooks[hook.name] = hook
-        _registration._reorder()
+        _hooks._hooks[hook.name] = hook
+        _hooks._reorder()
     if not interrupter.fired:
         problems.append("the hook did not run")
     gc.collect()
@@ -98,9 +98,9 @@ for hook, phase, place in cases:
         problems.append(f"pin-memory gate left closed: {gate.closers}")
     if gate.lock.locked():
         problems.append("pin-memory gate's lock left held")
-    if _registry.armed() is not None or _registry._fork_left_open():
+    if _context.armed() is not None or _dispatch._fork_left_open():
         problems.append("the registry's fork state left behind")
-    if _registry.plan_of(threadpools.NAME) is not None:
+    if _context.plan_of(threadpools.NAME) is not None:
         problems.append("threadpools' plan left behind")
     if not guard_free():
         problems.append("fork guard left held")

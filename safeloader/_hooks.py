@@ -1,6 +1,6 @@
 """Fork hooks: registration, the order they run in, enabling and disabling.
 
-``_registry`` dispatches each fork's phases over ``by_phase()``; ``register_at_fork`` validates
+``_dispatch`` dispatches each fork's phases over ``by_phase()``; ``register_at_fork`` validates
 everything when a hook is registered, never when a fork happens.
 """
 
@@ -18,7 +18,7 @@ from ._options import Options
 from .errors import RegistrationError
 
 if TYPE_CHECKING:
-    from ._registry import ForkContext
+    from ._context import ForkContext
 
 PHASES = ("before", "after_in_parent", "after_in_child")
 
@@ -36,6 +36,24 @@ NOTHING_TO_DO: Any = _NothingToDo()
 """The plan a backend's ``before`` returns when this fork's worker has nothing for it to do: its
 ``after_in_child`` is then not called in that worker (``after_in_parent`` gets None). A worker
 pays for every hook it runs in pages copied from its parent, even for one that returns at once."""
+
+
+@dataclass(frozen=True)
+class FastFork:
+    """What a per-fork hook's ``fast_fork(ctx, plan)`` declares: at a loader start's later forks the
+    C path (``_fast_fork``) stands in for its ``before`` and ``after_in_parent``, doing only this."""
+
+    worker_plan: Any = None
+    """The plan its ``after_in_child`` gets in the workers of those forks (``NOTHING_TO_DO``: not called)."""
+    descriptor_kinds: int = 0
+    """``native`` descriptor kinds (``READ_ONLY_FILE``, ``TCP_SOCKET``): a fork where one is open
+    takes the Python path, which runs the hook."""
+    clock: tuple[Any, int, int] | None = None
+    """(slots, fields, index): the C path writes the fork's time at ``slots[worker * fields + index]``."""
+    pause_gc: bool = False
+    """The C path pauses the garbage collector around each fork (the worker's plan resumes it)."""
+    watched: tuple[tuple[dict[str, Any], str, Any], ...] = ()
+    """(namespace, key, value) that must stay as they are: a change sends the fork to the Python path."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +83,17 @@ class Hook:
     """Its plan holds for a whole loader start: ``before`` runs at the start's first fork, and again
     only at a fork where the parent's threads or loaded libraries changed; the other forks reuse
     that plan and run nothing of the hook in the parent (``register_planned``)."""
+    fast_fork: Callable[..., Any] | None = None
+    """How the C path stands in for this per-fork hook at a start's later forks (``_fast_fork``):
+    ``fast_fork(ctx, plan)`` -> a ``FastFork`` or None (it cannot: those forks take the Python path)."""
     _seq: int = field(default=0, repr=False)
+    _calls: dict[str, Any] = field(init=False, repr=False)
+    """Each phase's callback as the dispatch calls it: ``before(ctx)``, ``after_*(ctx, plan)``."""
+
+    def __post_init__(self) -> None:
+        # Made here, not passed in: dataclasses.replace() with another callback makes them anew.
+        calls = {phase: _as_called(phase, getattr(self, phase), self.planned) for phase in PHASES}
+        object.__setattr__(self, "_calls", calls)
 
     @property
     def enabled(self) -> bool:
@@ -100,24 +128,52 @@ _disabled: set[str] = set()
 _next_seq = 0
 version = 0
 """Bumped by every change of which hooks run (register, unregister, disable, enable): a loader
-start's later forks reuse the hooks its first fork ran while it is unchanged (``_registry``)."""
+start's later forks reuse the hooks its first fork ran while it is unchanged (``_dispatch``)."""
 
 
-def _check_callback(phase: str, callback: object, planned: bool = False) -> None:
+# The shapes a phase's callback may take, the dispatch's own first, and how an error says them: a
+# backend's (planned) phases get the fork's context and plan; os.register_at_fork's shape (no
+# arguments) stays accepted. Key: (planned, an after_* phase).
+_OS_SHAPE = ((), ("ctx",)), "no arguments (as for os.register_at_fork) or one, the fork's context"
+_SHAPES = {
+    (True, False): ((("ctx",), ()), "no arguments or one, the fork's context"),
+    (True, True): ((("ctx", "plan"), ("plan",)), "one argument, the fork's plan, or two: (ctx, plan)"),
+    (False, False): _OS_SHAPE,
+    (False, True): _OS_SHAPE,
+}
+
+
+def _as_called(phase: str, callback: object, planned: bool = False) -> Callable[..., object] | None:
+    """``callback`` as the dispatch calls it, ``before(ctx)`` and ``after_*(ctx, plan)``; None for
+    None. RegistrationError where it is not callable in one of its phase's shapes."""
     if callback is None:
-        return
+        return None
     if not callable(callback):
         raise RegistrationError(f"{phase} must be callable or None, got {callback!r}")
-    takes_plan = planned and phase != "before"
+    shapes, expected = _SHAPES[planned, phase != "before"]
     try:
-        inspect.signature(callback).bind(*((None,) if takes_plan else ()))
-    except TypeError:
-        expected = "one argument, the fork's plan" if takes_plan else "no arguments (as for os.register_at_fork)"
-        raise RegistrationError(
-            f"{phase} must be callable with {expected}, got {callback!r} with signature {inspect.signature(callback)}"
-        ) from None
-    except ValueError:  # builtins without a signature: accept
-        pass
+        signature = inspect.signature(callback)
+    except ValueError:  # builtins without a signature: taken in the shape os.register_at_fork gives
+        shape = shapes[-1] if planned else ()
+    else:
+        for shape in shapes:
+            try:
+                signature.bind(*shape)
+                break
+            except TypeError:
+                continue
+        else:
+            raise RegistrationError(
+                f"{phase} must be callable with {expected}, got {callback!r} with signature {signature}"
+            ) from None
+    function: Callable[..., object] = callback
+    if phase == "before":
+        return function if shape else lambda ctx: function()
+    if len(shape) == 2:
+        return function
+    if shape == ("plan",):
+        return lambda ctx, plan: function(plan)
+    return (lambda ctx, plan: function(ctx)) if shape else (lambda ctx, plan: function())
 
 
 def _names(keyword: str, value: object, what: str) -> tuple[str, ...]:
@@ -209,15 +265,16 @@ def _from_priority(priority: object, first: bool, last: bool) -> tuple[bool, boo
 
 def register_planned(
     *,
-    before: Callable[[], object] | None,
-    after_in_parent: Callable[[Any], object] | None,
-    after_in_child: Callable[[Any], object] | None,
+    before: Callable[..., object] | None,
+    after_in_parent: Callable[..., object] | None,
+    after_in_child: Callable[..., object] | None,
     name: str,
     first: bool = False,
     runs_after: Iterable[str] = (),
     requires: Iterable[str] = (),
     description: str = "",
     per_start: bool = False,
+    fast_fork: Callable[..., Any] | None = None,
 ) -> Hook:
     """Register a backend's hook (``safeloader.Backend.register``), replacing one of the same name:
     as ``register_at_fork``, except that what ``before`` returns in the parent, the fork's plan, is
@@ -234,7 +291,7 @@ def register_planned(
         )
     return _register(
         before, after_in_parent, after_in_child, name, first, False, runs_after, False, requires, True,
-        description, planned=True, per_start=per_start,
+        description, planned=True, per_start=per_start, fast_fork=fast_fork,
     )
 
 
@@ -253,11 +310,12 @@ def _register(
     *,
     planned: bool,
     per_start: bool = False,
+    fast_fork: Callable[..., Any] | None = None,
 ) -> Hook:
     global _next_seq
     callbacks = {"before": before, "after_in_parent": after_in_parent, "after_in_child": after_in_child}
     for phase, callback in callbacks.items():
-        _check_callback(phase, callback, planned)
+        _as_called(phase, callback, planned)  # refused here, with the phase's name, before anything changes
     if all(cb is None for cb in callbacks.values()):
         raise RegistrationError("register_at_fork needs at least one of before, after_in_parent, after_in_child")
     if name is None:
@@ -288,7 +346,7 @@ def _register(
         _next_seq += 1
         hook = Hook(
             name, before, after_in_parent, after_in_child, first, last, runs_after, every_fork, requires,
-            description, planned, per_start, _next_seq,
+            description, planned, per_start, fast_fork, _next_seq,
         )
         ordered = _ordered_hooks({**_hooks, name: hook})  # a cycle raises here, before anything changed
         _hooks[name] = hook
@@ -391,3 +449,14 @@ def check_hook_names(names: Iterable[str]) -> None:
 def by_phase(phase: str) -> tuple[Hook, ...]:
     """The hooks with a callback for ``phase``, in that phase's run order."""
     return _by_phase[phase]
+
+
+child_resets: list[Callback] = []
+"""What ``reset_in_child`` registered: run first in every forked child by the dispatch."""
+
+
+def reset_in_child(callback: Callback) -> None:
+    """Run ``callback`` first in every forked child, a DataLoader worker or any other fork: module
+    state that another thread of the parent may have held at the fork (a lock) is made new there.
+    For safeloader's own modules; it must not raise."""
+    child_resets.append(callback)
