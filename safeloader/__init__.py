@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _dispatch, _hooks, _options  # noqa: F401 (_dispatch: its one os.register_at_fork registration)
 from ._context import ForkContext, fork_context
-from ._hooks import Hook, disable, enable, hooks, register_at_fork, unregister
+from ._hooks import FastFork, Hook, disable, enable, hooks, register_at_fork, unregister
 from ._options import Options, get_options
 from .errors import HookError, RegistrationError, UnsafeForkError
 from .native import NATIVE
@@ -85,6 +85,7 @@ __all__ = [
     "Backend",
     "NATIVE",
     "DataLoader",
+    "FastFork",
     "ForkContext",
     "Hook",
     "HookError",

@@ -211,7 +211,9 @@ def register_at_fork(
     """Register callbacks to run around each DataLoader worker fork.
 
     The keywords ``before``, ``after_in_parent`` and ``after_in_child`` are
-    those of ``os.register_at_fork``: callables taking no arguments.
+    those of ``os.register_at_fork``: callables taking no arguments, or one, the
+    fork's ``ForkContext`` (None around a fork that is not a DataLoader worker's,
+    for an ``every_fork`` hook).
     ``before`` runs in the parent before each worker fork, ``after_in_parent``
     in the parent after it, ``after_in_child`` in the new worker before torch's
     worker loop starts. ``after_*`` run in ``hooks()`` order, ``before`` in the

@@ -75,6 +75,22 @@ def test_a_file_opened_read_only_between_two_forks_sends_every_later_fork_down_t
     _check_items(second)
 
 
+@pytest.mark.skipif(not safeloader.NATIVE, reason="needs the C extension")
+def test_a_backend_from_a_users_module_gets_its_plan_in_every_worker_and_keeps_the_fast_path():
+    # Issue 40: a backend of the user's own declares, in its one file, what the C path does for it
+    # at a start's later forks (Backend.fast_fork): those forks stay on the C path, and each worker
+    # still gets the plan made in the parent, with its own ForkContext.
+    for start in _starts("backend", starts=2):
+        assert start["python_path"] == [0], start["python_path"]
+        _check_items(start)
+        for item in start["items"]:
+            received = item["user_backend"]
+            assert len(received) == 1, item  # its after_in_child ran once in this worker
+            (got,) = received
+            assert got["ctx_worker"] == item["worker"], item
+            assert got["plan"] == {"parent": got["parent"], "worker_at_plan": 0}, item  # the first fork's plan
+
+
 def test_a_users_own_per_fork_hook_runs_at_every_fork():
     # The C path stands in only for safeloader's own per-fork hooks: with one of the user's
     # registered, every fork takes the Python path, and the hook runs at each.

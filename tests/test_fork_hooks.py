@@ -92,6 +92,36 @@ def test_each_phase_runs_once_per_worker_in_the_right_process(tmp_path, num_work
         assert all(p == pids_per_epoch[0] for p in pids_per_epoch)
 
 
+def test_a_callback_that_takes_one_argument_is_handed_its_forks_context_in_each_phase(tmp_path):
+    # Issue 40: the context is passed, as pluggy passes declared arguments; a callback of
+    # os.register_at_fork's shape (no arguments) reads it from fork_context() (the test above).
+    path = str(tmp_path / "events")
+
+    def record(phase: str):
+        def callback(ctx: safeloader.ForkContext) -> None:
+            assert ctx == safeloader.fork_context()  # the same fork's
+            line = f"{phase} {os.getpid()} {ctx.worker_id} {ctx.num_workers} {ctx.options.freeze_gc}\n".encode()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+        return callback
+
+    phases = ("before", "after_in_parent", "after_in_child")
+    safeloader.register_at_fork(name="t.ctx", **{phase: record(phase) for phase in phases})
+    batches = list(DataLoader(WhoReads(), batch_size=2, num_workers=2, freeze_gc=False))
+    with open(path) as f:
+        events = [line.split() for line in f]
+    me, pids = str(os.getpid()), {str(pid) for pid in worker_pids(batches).values()}
+    for phase in phases:
+        in_phase = [e for e in events if e[0] == phase]
+        assert sorted(e[2] for e in in_phase) == ["0", "1"], events  # once per worker, its own id
+        assert all(e[3] == "2" and e[4] == "False" for e in in_phase), events  # the loader's options
+        assert {e[1] for e in in_phase} == ({me} if phase != "after_in_child" else pids), events
+
+
 def test_order_matches_pthread_atfork_with_first_hooks_first(tmp_path):
     recorder = Recorder(tmp_path / "events")
     recorder.hook("t.first")

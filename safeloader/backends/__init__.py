@@ -8,6 +8,7 @@ library. Adding a backend is adding its module to ``BUILTIN``.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any
 
 from .._hooks import Hook, get_hook
@@ -22,14 +23,16 @@ BUILTIN: tuple[str, ...] = (
 )
 
 _backends: list[Backend] = []
+_lock = threading.Lock()  # two threads registering backends at once: neither registration is lost
 
 
 def register_builtin() -> None:
     """Register every built-in backend's fork hook."""
     for name in BUILTIN:
         backend = importlib.import_module(f"{__name__}.{name}").BACKEND
-        backend.register()
-        _backends.append(backend)
+        with _lock:
+            backend.register()
+            _backends.append(backend)
 
 
 def register(backend: type[Backend] | Backend) -> Hook | None:
@@ -45,8 +48,9 @@ def register(backend: type[Backend] | Backend) -> Hook | None:
         value = getattr(backend, attribute, None)
         if not isinstance(value, str) or not value:
             raise RegistrationError(f"{type(backend).__name__}.{attribute} must be a non-empty str, got {value!r}")
-    hook = backend.register()
-    _backends[:] = [*(known for known in _backends if known.name != backend.name), backend]
+    with _lock:
+        hook = backend.register()
+        _backends[:] = [*(known for known in _backends if known.name != backend.name), backend]
     return hook
 
 

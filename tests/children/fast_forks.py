@@ -5,6 +5,7 @@ argv: the mode, then the number of starts.
 - ``thread``: a thread starts in the parent after the start's second fork.
 - ``file``: a file is opened read-only in the parent after the start's second fork.
 - ``hook``: a hook of the user's own runs at every fork (``safeloader.register_at_fork``).
+- ``backend``: a backend of the user's own (``user_fast_backend``) that declares what the C path does for it.
 Prints one JSON line: per start, the forks (0-based) whose ``before`` ran the registry's Python path,
 what the parent was like after each fork (gc enabled, pin-memory gate closed, the watchdog's clock for
 that worker set at the fork, safeloader's Python functions its callbacks called), after the start,
@@ -88,6 +89,11 @@ def after_in_parent() -> None:  # and after its after_in_parent
 os.register_at_fork(before=before, after_in_parent=after_in_parent)
 if mode == "hook":
     safeloader.register_at_fork(before=lambda: None, name="users_own_hook")
+if mode == "backend":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import user_fast_backend
+
+    safeloader.register_backend(user_fast_backend.StampBackend)
 
 
 class Items(torch.utils.data.Dataset):
@@ -105,6 +111,7 @@ class Items(torch.utils.data.Dataset):
             "gc_enabled": gc.isenabled(),
             "gc_paused_at_fork": gc_at_fork["enabled"] is False,
             "gc_frozen": gc.get_freeze_count() > 0,
+            "user_backend": sys.modules["user_fast_backend"].RECEIVED if mode == "backend" else None,
         }
 
 
