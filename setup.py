@@ -37,8 +37,21 @@ setup(
     ext_modules=[
         Extension(
             "safeloader._native",
-            ["csrc/_native.c", "csrc/backtrace.c", "csrc/exit_lock.c", "csrc/fast_fork.c"],
-            depends=["csrc/backtrace.h", "csrc/exit_lock.h", "csrc/fast_fork.h"],  # also what puts them in the sdist
+            [
+                "csrc/_native.c",  # the module: method table and initialisation; the files of each job:
+                "csrc/fork_generation.c",
+                "csrc/threads.c",
+                "csrc/proc_entries.c",
+                "csrc/descriptors.c",
+                "csrc/signals.c",
+                "csrc/backtrace.c",
+                "csrc/loaded_objects.c",
+                "csrc/code_map.c",
+                "csrc/exit_lock.c",
+                "csrc/fast_fork.c",
+            ],
+            # The headers: also what puts them in the sdist.
+            depends=["csrc/native.h", "csrc/backtrace.h", "csrc/exit_lock.h", "csrc/fast_fork.h"],
             # A header missing from an sdist must fail the build, not compile against a namesake elsewhere.
             extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
         )

@@ -1,0 +1,51 @@
+/* What the files of safeloader._native share: each file's functions that _native.c's method
+ * table lists, and the C-level checks fast_fork.c makes. See _native.c for which file holds what.
+ * Include this header first: Python.h must come before any system header (its pyconfig.h
+ * defines _GNU_SOURCE, which dl_iterate_phdr, O_PATH and syscall() need). */
+#ifndef SAFELOADER_NATIVE_H
+#define SAFELOADER_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Python-facing functions are named sl_<the Python name>, or sl_<the Python name>_py where a
+ * C-level function already has that name (the one fast_fork.c calls, backtrace.h's). */
+
+/* fork_generation.c: the process's pthread_atfork child handler and its fork counter. */
+int sl_register_fork_handlers(void); /* once per process: 0, or pthread_atfork's error number */
+PyObject *sl_fork_generation(PyObject *self, PyObject *unused);
+
+/* proc_entries.c: the numbered entries of a /proc directory, allocating nothing. Each number is
+ * given to `visit(number, own, data)` (`own`: the listing's own descriptor) until it returns 0
+ * (stop) or -1 (a Python error set). Returns 0, or -1 with a Python error set. */
+int sl_each_proc_entry(const char *path, int (*visit)(long, int, void *), void *data);
+
+/* threads.c: the census of this process's OS threads. */
+int sl_threads_within(PyObject *known); /* 1, 0, or -1 with an exception set */
+PyObject *sl_thread_ids(PyObject *self, PyObject *unused);
+PyObject *sl_threads_within_py(PyObject *self, PyObject *known);
+
+/* descriptors.c: this process's descriptor table. */
+long sl_descriptor_kinds(void); /* the descriptor_kinds() bitmask, or -1 with an exception set */
+PyObject *sl_descriptor_table(PyObject *self, PyObject *unused);
+PyObject *sl_regular_file_offsets(PyObject *self, PyObject *unused);
+PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *unused);
+PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
+
+/* signals.c: signal dispositions, and the Python face of backtrace.c. */
+PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);
+PyObject *sl_free_signals(PyObject *self, PyObject *arg);
+PyObject *sl_install_backtrace_handler_py(PyObject *self, PyObject *args);
+PyObject *sl_release_backtrace_handler_py(PyObject *self, PyObject *args);
+PyObject *sl_warm_backtrace_py(PyObject *self, PyObject *args);
+PyObject *sl_signal_thread_py(PyObject *self, PyObject *args);
+
+/* loaded_objects.c: the dynamic loader's list of loaded objects. */
+int sl_loaded_counters(unsigned long long *adds, unsigned long long *subs); /* 1, or 0: none */
+PyObject *sl_loaded_objects(PyObject *self, PyObject *args);
+
+/* code_map.c: where the loaded code lies in this process's memory. */
+PyObject *sl_code_segments(PyObject *self, PyObject *args);
+PyObject *sl_parse_maps(PyObject *self, PyObject *arg);
+
+#endif
