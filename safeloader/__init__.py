@@ -18,7 +18,7 @@ from . import _dispatch, _hooks, _options  # noqa: F401 (_dispatch: its one os.r
 from ._context import ForkContext, fork_context
 from ._hooks import FastFork, Hook, disable, enable, hooks, register_at_fork, unregister
 from ._options import Options, get_options
-from .errors import HookError, RegistrationError, UnsafeForkError
+from .errors import HookError, RegistrationError, UnsafeForkError, WorkerStallError, WorkerStoppedWarning
 from .native import NATIVE
 
 __version__ = "0.1.0"
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .backends._backend import Backend
     from .diagnostics.native_libraries import Library
     from .diagnostics.unsafe_fork import UnsafeForkWarning
-    from .watchdog import WorkerStallError, WorkerStoppedWarning
 
     DataLoader = SafeDataLoader
 
@@ -55,8 +54,6 @@ _LAZY = {
     "uninstall": ("._install", "uninstall"),
     "installed": ("._install", "installed"),
     "doctor": (".doctor", "doctor"),
-    "WorkerStallError": (".watchdog", "WorkerStallError"),
-    "WorkerStoppedWarning": (".watchdog", "WorkerStoppedWarning"),
     "UnsafeForkWarning": (".diagnostics.unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
     "Library": (".diagnostics.native_libraries", "Library"),

@@ -1,8 +1,9 @@
-"""Exceptions raised by safeloader."""
+"""Exceptions raised by safeloader, and the stall watchdog's ``WorkerStoppedWarning``."""
 
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 
 class HookError(RuntimeError):
@@ -43,6 +44,27 @@ class UnsafeForkError(RuntimeError):
     def __init__(self, message: str, *, libraries: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.libraries = libraries
+
+
+class WorkerStallError(RuntimeError):
+    """A DataLoader worker made no progress for ``stall_timeout`` seconds.
+
+    ``worker_id`` is the first stalled worker; ``reports`` holds a
+    ``StallReport`` per stalled worker (Python and native stacks, likely cause).
+    """
+
+    def __init__(self, message: str, *, worker_id: int | None = None, reports: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)  # one positional argument, like every safeloader error
+        self.worker_id = worker_id
+        self.reports = reports
+        self.details = ""
+        """Every stack collected, all threads, Python and native."""
+
+
+class WorkerStoppedWarning(RuntimeWarning):
+    """A DataLoader worker with work to do has been stopped (``SIGSTOP``, or held by a debugger)
+    for longer than its ``stall_timeout`` while the main process runs: the loader waits for it.
+    A stopped worker is never reported as stalled; this says why the loader is waiting."""
 
 
 def out_of_descriptors_hint(exc: BaseException) -> str:

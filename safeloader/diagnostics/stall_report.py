@@ -20,6 +20,8 @@ from .stacks import NativeThread, PythonThread
 
 PYTHON_DUMP_WAIT = 3.0
 NATIVE_TOTAL_WAIT = 8.0
+_WATCHDOG_PACKAGE = os.path.join("safeloader", "watchdog")
+"""Where the watchdog's files are: a worker's frames in them are its heartbeat's wrappers."""
 
 
 class WatchedLoader(Protocol):
@@ -69,8 +71,8 @@ class StallReport:
             return []
         frames = []
         for frame in thread.frames:
-            if frame[0].endswith(os.path.join("safeloader", "watchdog.py")):
-                continue  # safeloader's own heartbeat wrappers
+            if os.path.dirname(frame[0]).endswith(_WATCHDOG_PACKAGE):
+                continue  # safeloader's own heartbeat wrappers (safeloader/watchdog/_progress.py)
             frames.append(frame)
             if frame[2] in WORKER_LOOP_NAMES:
                 break  # what is outside is multiprocessing's process start

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["WorkerStoppedWarning", "continued_since_asked", "stop_state", "warn_stopped"]
+from ..errors import WorkerStoppedWarning
 
-
-class WorkerStoppedWarning(RuntimeWarning):
-    """A DataLoader worker with work to do has been stopped (``SIGSTOP``, or held by a debugger)
-    for longer than its ``stall_timeout`` while the main process runs: the loader waits for it.
-    A stopped worker is never reported as stalled; this says why the loader is waiting."""
-
+__all__ = ["continued_since_asked", "stop_state", "warn_stopped"]
 
 
 def continued_since_asked(pid: int) -> bool:

@@ -1,7 +1,7 @@
 """Busy workers certain never to progress, named long before ``stall_timeout``: one idle in a library
 whose threads it lacks, one spinning in such a library without finishing an item.
 
-How it works and why: docs/internals.md, ``safeloader._stuck_workers``.
+How it works and why: docs/internals.md, ``safeloader.watchdog._stuck``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class StuckWorkers:
         """Every library with native threads in this process (the workers' parent), whatever the table
         says of it: asked again at most once a confirm window (a thread's owner is kept once found)."""
         if now - self._trusted_at >= ORPHAN_CONFIRM:
-            from .diagnostics import native_pools
+            from ..diagnostics import native_pools
 
             self.trusted = frozenset(native_pools.live_libraries()) - lacking
             self._trusted_at = now
@@ -71,7 +71,7 @@ class StuckWorkers:
         poll, a timer) that could wake the rest. The table can be wrong (a library setting its own thread
         count on every call, a pool that survives only when idle at the fork); what the worker shows cannot.
         """
-        from .diagnostics import thread_owners
+        from ..diagnostics import thread_owners
 
         wait = thread_owners.wait_in(pid, lacking) if lacking else None
         if wait is None:
@@ -91,8 +91,8 @@ class StuckWorkers:
         the main thread's stack inside any interpreter frame (a wait of Python's own, on a lock another
         process may release, has the interpreter innermost), and every thread of the worker must wait
         in a futex."""
-        from . import native
-        from .diagnostics import thread_owners, worker_threads
+        from .. import native
+        from ..diagnostics import thread_owners, worker_threads
 
         objects = thread_owners.objects_on_stack(pid) if trusted else []
         library = next((name for name in objects if name in trusted or _interpreter(name)), None)
@@ -115,7 +115,7 @@ class StuckWorkers:
         computing in native code (numpy, torch) does not call back into the interpreter from there; one
         running Python code is in no such library's code.
         """
-        from .diagnostics import spin_samples, worker_threads
+        from ..diagnostics import spin_samples, worker_threads
 
         ticks = worker_threads.cpu_ticks(pid)
         if ticks is None:

@@ -1,0 +1,362 @@
+"""The watchdog's side in the parent: its ``Watch`` over the workers' heartbeats (which busy worker
+is stalled, which is only stopped, which is certain never to progress), the iterator's wait for a
+batch, checking the Watch between steps (``attach``), and the end of a stall: the stacks collected,
+the workers shut down, ``WorkerStallError`` raised.
+
+How it works and why: docs/internals.md, ``safeloader.watchdog``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _torch_internals
+from .._options import Options
+from ..errors import WorkerStallError, out_of_descriptors_hint
+from . import _worker
+from ._heartbeat import (
+    BATCH,
+    COLLATING,
+    FIELDS,
+    IDLE,
+    ITEMS,
+    LAST,
+    NATIVE_READY,
+    NATIVE_SIGNAL,
+    PYTHON_READY,
+    PYTHON_SIGNAL,
+    SEND_ERRNO,
+    STARTING,
+    STATE,
+    Heartbeats,
+)
+from ._stopped import continued_since_asked, stop_state, warn_stopped
+from ._stuck import ORPHAN_WAIT, StuckWorkers
+
+__all__ = ["Watch", "attach", "start_watch"]
+
+
+class Watch(Heartbeats):
+    """The parent's watch over one iterator's workers: their heartbeats (``Heartbeats``, shared
+    with the workers) and what the parent alone keeps of them.
+
+    Created in the parent before the workers start; travels to the workers
+    inside safeloader's ``worker_init_fn`` (pickled for spawn/forkserver, by
+    fork otherwise), where its ``enter_worker``, ``watch_result_queue`` and
+    ``worker_ready`` are the worker's side (``_worker``).
+    """
+
+    def __init__(
+        self, num_workers: int, stall_timeout: float, start_method: str, disabled_hooks: frozenset[str] = frozenset()
+    ) -> None:
+        super().__init__(num_workers, stall_timeout, start_method, disabled_hooks)
+        self.next_check = 0.0  # parent only: when the next heartbeat check is due
+        # Parent only: per worker, when it was last seen continued after a stop (0.0: never).
+        self.resumed = [0.0] * num_workers
+        # Parent only: per worker, whether its current stop was reported (WorkerStoppedWarning).
+        self.stop_reported = [False] * num_workers
+        me = threading.current_thread()
+        # Threads alive in the parent when the workers fork: a lock one of
+        # them holds at that moment stays held forever in every worker.
+        self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
+        # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
+        # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
+        self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
+        self.lacking_pools: frozenset[str] = frozenset()
+        self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
+        self.stuck = StuckWorkers()  # parent only: what orphaned saw of each busy worker
+
+    # -- in the worker (``_worker``) -------------------------------------------
+
+    def enter_worker(self, worker_id: int) -> None:
+        """In worker ``worker_id``: install the stack dumpers and the heartbeat. Idempotent."""
+        _worker.enter_worker(self, worker_id)
+
+    def watch_result_queue(self, worker_id: int, queue: Any) -> None:
+        """In the worker: a batch its result queue fails to send is reported to the parent."""
+        _worker.watch_result_queue(self, worker_id, queue)
+
+    def worker_ready(self, worker_id: int) -> None:
+        """In the worker: its start (hooks, ``worker_init_fn``) is done; it waits for work."""
+        _worker.worker_ready(self, worker_id)
+
+    # -- in the parent -------------------------------------------------------
+
+    def send_failures(self) -> list[tuple[int, int]]:
+        """In the parent: (worker_id, errno or -1) of workers whose results could not be sent."""
+        return [
+            (worker_id, int(self.slots[worker_id * FIELDS + SEND_ERRNO]))
+            for worker_id in range(self.num_workers)
+            if self.slots[worker_id * FIELDS + SEND_ERRNO]
+        ]
+
+    @property
+    def poll_interval(self) -> float:
+        return min(1.0, max(0.05, self.stall_timeout / 10))
+
+    def resume_all(self, when: float) -> None:
+        """In the parent: every worker's clock starts again at ``when`` (this process was not running)."""
+        self.resumed = [max(resumed, when) for resumed in self.resumed]
+
+    def stalled(
+        self, alive: list[bool], pids: list[int | None] | None = None
+    ) -> list[tuple[int, float, float, float, float, float]]:
+        """(worker_id, seconds without progress, limit, state, items, batch) of each stalled worker.
+
+        Time a worker spent stopped (Ctrl-Z, SIGSTOP) does not count: once it is
+        continued its clock starts again from the moment that is seen, and a
+        worker stopped now is not stalled. Both are asked of the kernel about
+        the worker (``pids``), so no signal handler is needed.
+        """
+        now = time.monotonic()
+        found = []
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            pid = pids[worker_id] if pids is not None and worker_id < len(pids) else None
+            if pid is not None and continued_since_asked(pid):
+                self.resumed[worker_id] = now
+                self.stop_reported[worker_id] = False
+            state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
+            if state == IDLE or not alive[worker_id]:
+                continue
+            batch = self.slots[base + BATCH]
+            waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
+            if waited > limit:
+                stop = stop_state(pid) if pid is not None else ""
+                if pid is not None and stop:
+                    self.resumed[worker_id] = now  # stopped, not stuck: its clock starts again when it runs
+                    if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
+                        self.stop_reported[worker_id] = True
+                        warn_stopped(worker_id, pid, waited, stop)
+                    continue
+                found.append((worker_id, waited, limit, state, items, batch))
+        return found
+
+    def quiet(self) -> bool:
+        """Whether no busy worker has gone without progress long enough for ``stalled`` or
+        ``orphaned`` to look at it (read from the heartbeats only: no system call)."""
+        now = time.monotonic()
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            state = self.slots[base + STATE]
+            if state == IDLE:
+                continue
+            waited = now - max(self.slots[base + LAST], self.resumed[worker_id])
+            if waited >= min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH])):
+                return False
+        return True
+
+    def orphaned(
+        self, alive: list[bool], pids: list[int | None]
+    ) -> list[tuple[int, float, float, float, float, float]]:
+        """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit:
+        one waiting, idle, in a library whose threads it lacks, or spinning in one (``_stuck``)."""
+        now = time.monotonic()
+        found: list[tuple[int, float, float, float, float, float]] = []
+        for worker_id in range(self.num_workers):
+            base = worker_id * FIELDS
+            pid = pids[worker_id] if worker_id < len(pids) else None
+            state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
+            waited = now - max(last, self.resumed[worker_id])
+            if state == IDLE or not alive[worker_id] or pid is None or waited < ORPHAN_WAIT:
+                self.stuck.forget(worker_id)
+                continue
+            if not self.lacking_pools and self.find_lacking_pools is not None:
+                # None found at the start: a pool's threads still running then (a loaded machine
+                # schedules them late) could not be attributed. Looked for again, once, now.
+                self.lacking_pools = frozenset(hazard.library for hazard in self.find_lacking_pools())
+                self.find_lacking_pools = None
+            if self.stuck.idle(worker_id, pid, self.lacking_pools, now) or self.stuck.spinning(
+                worker_id, pid, self.lacking_pools, now, self._sampler(worker_id, pid)
+            ):
+                found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
+        return found
+
+    def _sampler(self, worker_id: int, pid: int) -> Any:
+        """Samples of worker ``worker_id``'s main stacks (None without both its dumpers)."""
+        if self.ready_flags(worker_id) & (NATIVE_READY | PYTHON_READY) != NATIVE_READY | PYTHON_READY:
+            return None
+        from ..diagnostics import spin_samples
+
+        base = worker_id * FIELDS
+        return spin_samples.sampler(
+            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]),
+            self.python_stack_path(worker_id, pid), int(self.slots[base + PYTHON_SIGNAL]),
+        )
+
+    def waits_in(self, worker_id: int) -> str | None:
+        """The library ``orphaned`` saw worker ``worker_id``'s main thread wait in, or None."""
+        seen = self.stuck.waits.get(worker_id)
+        return seen[3] if seen is not None else None
+
+    def spins_in(self, worker_id: int) -> str | None:
+        """The package ``orphaned`` found worker ``worker_id``'s main thread spinning in, or None."""
+        return self.stuck.spins_in.get(worker_id)
+
+
+
+
+def start_watch(loader: Any, options: Options, start_method: str) -> Watch | None:
+    """A Watch for the workers ``loader`` is about to start, or None when the watchdog is off."""
+    if options.stall_timeout is None or loader.num_workers <= 0:
+        return None
+    if start_method == "fork":
+        # Done once here, inherited done by every forked worker instead of paid in each.
+        _worker.prepare_forks()
+    try:
+        return Watch(loader.num_workers, options.stall_timeout, start_method, options.disable_hooks)
+    except OSError as error:  # its shared memory needs a descriptor: torch may still manage without
+        import warnings
+
+        warnings.warn(
+            f"safeloader: the stall watchdog is off for this loader: {error}{out_of_descriptors_hint(error)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]], timeout: float
+                   ) -> tuple[bool, Any]:
+    """torch's wait for one batch, in steps of the poll interval, checking the heartbeats between."""
+    watch: Watch = iterator._safeloader_watch
+    remaining = timeout
+    while True:
+        step = min(remaining, watch.poll_interval)
+        started = time.monotonic()
+        success, data = torch_wait(step)
+        ended = time.monotonic()
+        if ended - started > step + max(1.0, step):
+            # This process was not running (stopped, suspended): nor, likely, were its
+            # workers, and a forkserver's workers cannot be asked (not our children).
+            watch.resume_all(ended)
+        if success:
+            # Data from healthy workers must not hide a stuck one: check now and then anyway.
+            if time.monotonic() >= watch.next_check:
+                _check(iterator, watch)
+            return success, data
+        _check(iterator, watch)
+        remaining -= step
+        if remaining <= 0:
+            return False, None
+
+
+def _explain_dead_worker(iterator: Any, error: RuntimeError) -> RuntimeError | None:
+    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal", with which library
+    the parent held at the fork where the workers were forked anyway (``watch.lacking``)."""
+    watch: Watch = iterator._safeloader_watch
+    if not watch.lacking:
+        return None
+    from ..diagnostics import unsafe_fork
+
+    return unsafe_fork.dead_worker_error(error, watch.lacking)
+
+
+_watched_classes: dict[type, type] = {}
+_PACKAGE = __name__.rpartition(".")[0]
+
+
+def attach(iterator: Any, watch: Watch) -> None:
+    """Make ``iterator`` (torch's multiprocessing iterator) check ``watch`` while it waits."""
+    cls = type(iterator)
+    if not _torch_internals.has_workers_to_watch(iterator):
+        return  # not an iterator with workers we know how to watch
+    watched = _watched_classes.get(cls)
+    if watched is None:
+        # The class is the package's (safeloader.watchdog), where Watch and attach are public.
+        watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _explain_dead_worker)
+        _watched_classes[cls] = watched
+    iterator._safeloader_watch = watch
+    iterator.__class__ = watched
+
+
+def _check(iterator: Any, watch: Watch) -> None:
+    watch.next_check = time.monotonic() + watch.poll_interval
+    failures = watch.send_failures()
+    if failures:
+        _shutdown_now(iterator, watch)
+        raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
+    if watch.quiet():
+        # Nothing to ask the kernel: each system call lets the GIL go, and with busy threads in
+        # this process getting it back costs a switch interval (5 ms) per call.
+        return
+    workers = _torch_internals.worker_processes(iterator)
+    alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
+    pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
+    stalled, certain = watch.stalled(alive, pids), False
+    if not stalled:
+        stalled, certain = watch.orphaned(alive, pids), True
+    if not stalled:
+        return
+    from ..diagnostics import certain_causes, stall_report  # only once a worker stalled
+
+    reports = []
+    for worker_id, waited, limit, state, items, batch in stalled:
+        pid = workers[worker_id].pid
+        flags = watch.ready_flags(worker_id)
+        report = stall_report.collect(
+            worker_id, pid, waited, limit, state == STARTING, items,
+            python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
+            native_path=watch.native_stack_path(worker_id, pid) if flags & NATIVE_READY else None,
+            watch=watch,
+            python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
+            native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
+            waits_in=watch.waits_in(worker_id) if certain else None,
+        )
+        report.certain = certain
+        if certain:
+            spins_in = watch.spins_in(worker_id) or ""
+            report.spinning = spins_in
+            report.cause = certain_causes.spinning(spins_in, _main_frames(report)) if spins_in else (
+                certain_causes.overruled(report.cause))
+        report.collating = int(batch) if state == COLLATING else 0
+        report.batch = int(batch)
+        reports.append(report)
+    _shutdown_now(iterator, watch)
+    message = stall_report.message(reports, watch)
+    error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
+    error.details = "\n\n".join(stall_report.details(report) for report in reports)
+    raise error
+
+
+def _main_frames(report: Any) -> list[tuple[str, str]]:
+    main = next((thread for thread in report.native_threads if thread.tid == report.pid), None)
+    return main.frames if main is not None else []
+
+
+def _send_failure_message(failures: list[tuple[int, int]]) -> str:
+    worker_id, number = failures[0]
+    what = os.strerror(number) if number > 0 else "an error"
+    message = (
+        f"safeloader: DataLoader worker {worker_id} could not send a batch to the main process ({what}); "
+        "the batch is lost and the loader would wait for it forever. All workers were shut down."
+    )
+    if number in (errno.EMFILE, errno.ENFILE):
+        message += (
+            " The process ran out of file descriptors (tensors are sent between processes through them): "
+            "raise the limit with `ulimit -n` in the shell, or call "
+            "torch.multiprocessing.set_sharing_strategy('file_system') at the start of your program."
+        )
+    return message
+
+
+def _shutdown_now(iterator: Any, watch: Watch) -> None:
+    """Stop every worker: kill the ones that are busy (they may never return), then torch's shutdown.
+
+    torch's SIGCHLD handler would turn the killed workers into its own
+    "worker exited unexpectedly" error, so their pids are unregistered first.
+    """
+    try:
+        _torch_internals.forget_worker_pids(iterator)
+        for worker_id, process in enumerate(_torch_internals.worker_processes(iterator)):
+            if worker_id < watch.num_workers and watch.state(worker_id) != IDLE and process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+                process.join(timeout=5)
+    finally:
+        _torch_internals.shutdown_workers(iterator)
