@@ -157,8 +157,10 @@ class Watch(Heartbeats):
     ) -> list[tuple[int, float, float, float, float, float]]:
         """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit:
         one waiting, idle, in a library whose threads it lacks, or spinning in one (``_stuck``)."""
-        now = time.monotonic()
         found: list[tuple[int, float, float, float, float, float]] = []
+        if self.start_method != "fork":
+            return found  # a spawned or forkserver worker lacks no thread of this process's
+        now = time.monotonic()
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             pid = pids[worker_id] if worker_id < len(pids) else None
