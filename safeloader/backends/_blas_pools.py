@@ -191,7 +191,7 @@ def _threadpoolctl_library(path: str) -> Any:
     which resolves the real path of every loaded object (15 ms with 300 loaded, at the first loader
     start): its own per-path step is used instead, ``ThreadpoolController._from_controllers`` and
     ``_make_controller_from_path``, both private. Checked against threadpoolctl 3.2.0 and 3.8.0 (this
-    project requires >= 3.5). Where a release drops them, the public scan, selected by real path.
+    project requires >= 3.5). Where a release drops them, the public scan, searched by real path.
     """
     import threadpoolctl
 
@@ -199,7 +199,9 @@ def _threadpoolctl_library(path: str) -> Any:
         controller = threadpoolctl.ThreadpoolController._from_controllers([])
         controller._make_controller_from_path(path)
     except AttributeError:  # a threadpoolctl without that step: its public scan
-        controller = threadpoolctl.ThreadpoolController().select(filepath=os.path.realpath(path))
+        real = os.path.realpath(path)
+        every = threadpoolctl.ThreadpoolController().lib_controllers
+        return next((library for library in every if os.path.realpath(library.filepath) == real), None)
     return controller.lib_controllers[0] if controller.lib_controllers else None
 
 
