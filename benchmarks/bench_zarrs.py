@@ -173,25 +173,25 @@ import gc, json, os, statistics, sys, time
 import zarr, zarrs
 zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
 import safeloader
-from safeloader.backends import zarrs as backend, zarrs_pipelines
+from safeloader.backends import zarrs as backend, _zarrs_pipelines
 
 path, forks, arrays = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 opened = [zarr.open_array(path, mode="r") for _ in range(arrays)]  # pipelines the workers inherit
 opened[0][:1024, :512]  # the parent decodes: arms the deadlock
 start = time.perf_counter()
-backend.resolve_mode("pool")  # the parent's one-off checks, copy and load of the spare, as in the first fork
+backend.BACKEND.resolve_mode("pool")  # the parent's one-off checks, copy and load of the spare, as in the first fork
 copy_ms = (time.perf_counter() - start) * 1e3
 
 def in_child(mode):
     pool = mode == "pool"
-    spare = backend.spare_copy()
-    plan = backend.Plan(mode, 1, spare, backend.current_bindings()) if pool else backend.Plan(mode, 1, None)
+    spare = backend.BACKEND.spare_copy()
+    plan = backend.Plan(mode, 1, spare, backend.BACKEND.current_bindings()) if pool else backend.Plan(mode, 1, None)
     start = time.perf_counter()
     backend.BACKEND.after_in_child(plan)  # what the hook does at worker start
     setup = time.perf_counter() - start
     start = time.perf_counter()
     for array in opened:  # what each inherited pipeline costs on its first use
-        zarrs_pipelines._prepare(array._async_array.codec_pipeline)
+        _zarrs_pipelines._prepare(array._async_array.codec_pipeline)
     first_use = (time.perf_counter() - start) / arrays
     start = time.perf_counter()
     found = [o for o in gc.get_objects() if isinstance(o, zarrs.pipeline.ZarrsCodecPipeline)]

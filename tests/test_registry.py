@@ -181,7 +181,7 @@ def test_a_backend_lock_another_thread_held_at_a_plain_fork_is_new_in_the_child(
         pid = os.fork()
         if pid == 0:
             signal.alarm(10)  # a lock inherited held: killed by SIGALRM instead of waiting forever
-            backend.forget_mode_checks()
+            backend.BACKEND.forget_mode_checks()
             os._exit(0)
         _, status = os.waitpid(pid, 0)
         release.set()

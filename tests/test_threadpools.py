@@ -17,7 +17,7 @@ import torch
 import safeloader
 from safeloader import forkstate
 from safeloader._options import available_cores
-from safeloader.backends import _openblas_count, threadpools
+from safeloader.backends import _blas_pools, _openblas_count, threadpools
 
 from .subproc import check_python, check_script, run_script
 
@@ -256,8 +256,8 @@ def test_a_pool_started_between_two_forks_of_one_loader_is_seen_at_the_next_fork
 
 
 def test_the_name_search_finds_exactly_the_objects_whose_file_name_holds_a_prefix():
-    # _named searches all loaded paths at once for a few keys: each prefix must hold one of them.
-    assert all(any(key in prefix for key in threadpools._KEYS) for prefix in threadpools._PREFIXES)
+    # named() searches all loaded paths at once for a few keys: each prefix must hold one of them.
+    assert all(any(key in prefix for key in _blas_pools.KEYS) for prefix in _blas_pools.PREFIXES)
     paths = [
         "/venv/site-packages/numpy.libs/libscipy_openblas64_-32a4b2a6.so",
         "/venv/site-packages/torch/lib/libgomp.so.1",
@@ -267,13 +267,15 @@ def test_the_name_search_finds_exactly_the_objects_whose_file_name_holds_a_prefi
         "/venv/site-packages/compression/_zstd.so",  # "omp" in no prefix
         "/usr/lib/libc.so.6",
     ]
-    assert threadpools._named(paths) == set(paths[:4])
+    assert _blas_pools.named(paths) == set(paths[:4])
 
 
-def test_the_backend_finds_every_pool_threadpoolctls_whole_scan_finds_a_linked_library_too():
+@pytest.mark.parametrize("step", ["per path", "public"])
+def test_the_backend_finds_every_pool_threadpoolctls_whole_scan_finds_a_linked_library_too(step):
     # The backend hands threadpoolctl only the loaded files whose name (or link target) it
-    # could know, once per path: the pools must be the same as its scan of every library.
-    result = check_script("threadpools_linked_library.py", timeout=60)
+    # could know, once per path: the pools must be the same as its scan of every library. The
+    # per-path step is threadpoolctl's private one; without it ("public"), its public scan is asked.
+    result = check_script("threadpools_linked_library.py", *(["public"] if step == "public" else []), timeout=60)
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["copy"] in report["whole"]
     assert report["found"] == report["whole"]

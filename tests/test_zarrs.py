@@ -28,8 +28,8 @@ from torch.utils.data import Dataset
 import safeloader
 from safeloader import DataLoader, HookError
 from safeloader._options import ZARRS_MODES, Options, default_thread_budget
+from safeloader.backends import _zarrs_layout, _zarrs_native
 from safeloader.backends import zarrs as backend
-from safeloader.backends import zarrs_layout, zarrs_native
 from safeloader.native import thread_census
 
 from .subproc import check_script, run_script
@@ -64,10 +64,10 @@ def arrays(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def zarrs_config():
     """zarr decodes with zarrs in the test and in its workers; mode checks start afresh."""
-    backend.forget_mode_checks()
+    backend.BACKEND.forget_mode_checks()
     with zarrs_pipeline():
         yield
-    backend.forget_mode_checks()
+    backend.BACKEND.forget_mode_checks()
 
 
 def open_array(path: str, mode: str = "r") -> zarr.Array:
@@ -278,16 +278,16 @@ def test_supported_versions_are_declared_checked_and_match_the_package_extra():
         for name, (low, high) in backend.SUPPORTED_VERSIONS.items()
     }
     assert sorted(f"{name}{spec}" for name, spec in declared.items()) == sorted(extra)
-    assert zarrs_layout.version_problem("zarr") is None, zarr.__version__
-    assert zarrs_layout.version_problem("zarrs") is None, zarrs.__version__
+    assert _zarrs_layout.version_problem("zarr") is None, zarr.__version__
+    assert _zarrs_layout.version_problem("zarrs") is None, zarrs.__version__
     for mode in ZARRS_MODES:  # the installed versions support every mode
-        assert zarrs_layout.MODE_PROBLEMS[mode]() is None, mode
+        assert _zarrs_layout.MODE_PROBLEMS[mode]() is None, mode
 
 
 def test_the_parent_finds_every_binding_a_worker_must_move_to_its_copy():
     internal = sys.modules["zarrs._internal"]
-    bindings = zarrs_native.find_bindings(internal)
-    assert {(module, attribute) for module, attribute, _ in bindings} == set(zarrs_layout.INTERNAL_BINDINGS)
+    bindings = _zarrs_native.find_bindings(internal)
+    assert {(module, attribute) for module, attribute, _ in bindings} == set(_zarrs_layout.INTERNAL_BINDINGS)
     assert all(
         getattr(sys.modules[module], attribute) is getattr(internal, name) for module, attribute, name in bindings
     )
@@ -305,23 +305,23 @@ def test_zarrs_submodule_imported_after_the_first_loader_start_moves_to_the_work
 def test_bindings_are_found_again_only_when_zarrs_modules_change(monkeypatch):
     internal = sys.modules["zarrs._internal"]
     searches = []
-    find = zarrs_native.find_bindings
-    monkeypatch.setattr(zarrs_native, "find_bindings", lambda module: searches.append(module) or find(module))
-    first = backend.current_bindings()
-    assert [backend.current_bindings() for _ in range(3)] == [first] * 3
+    find = _zarrs_native.find_bindings
+    monkeypatch.setattr(_zarrs_native, "find_bindings", lambda module: searches.append(module) or find(module))
+    first = backend.BACKEND.current_bindings()
+    assert [backend.BACKEND.current_bindings() for _ in range(3)] == [first] * 3
     import json.tool  # noqa: F401  (an import of a module that is not zarrs': checked, not searched again)
 
-    assert backend.current_bindings() == first
+    assert backend.BACKEND.current_bindings() == first
     assert len(searches) <= 1  # the first call searches if the test process imported since the last one
 
     late = types.ModuleType("zarrs._safeloader_probe")
     late.ChunkItem = internal.ChunkItem
     monkeypatch.setitem(sys.modules, late.__name__, late)
     searched = len(searches)
-    assert set(backend.current_bindings()) == {*first, (late.__name__, "ChunkItem", "ChunkItem")}
+    assert set(backend.BACKEND.current_bindings()) == {*first, (late.__name__, "ChunkItem", "ChunkItem")}
     assert len(searches) == searched + 1
     monkeypatch.delitem(sys.modules, late.__name__)
-    assert backend.current_bindings() == first
+    assert backend.BACKEND.current_bindings() == first
 
 
 def test_loaders_starting_workers_in_two_threads_at_once_keep_their_own_modes(arrays):
@@ -356,14 +356,14 @@ def test_zarr_release_not_yet_verified_falls_back_to_python_with_one_warning(arr
     # The releases verified are admitted (3.1 up to the first unverified minor); the next is not assumed.
     low, high = backend.SUPPORTED_VERSIONS["zarr"]
     assert low == (3, 1) and high >= (3, 5), high
-    unverified = zarrs_layout.dotted(high) + ".0"
+    unverified = _zarrs_layout.dotted(high) + ".0"
     reference = parent_decodes(arrays["plain"])
     monkeypatch.setattr(zarr, "__version__", unverified)
     loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
     items, fallbacks = run_collecting_warnings(loader)
     check_reads(items, reference, mode="python")
     assert len(fallbacks) == 1, [str(w.message) for w in fallbacks]
-    assert f"zarr must be >=3.1,<{zarrs_layout.dotted(high)}, got '{unverified}'" in str(fallbacks[0].message)
+    assert f"zarr must be >=3.1,<{_zarrs_layout.dotted(high)}, got '{unverified}'" in str(fallbacks[0].message)
 
 
 def test_unexpected_extension_layout_falls_back_to_serial_with_one_warning(arrays, monkeypatch):
@@ -382,7 +382,7 @@ def test_worker_that_cannot_install_its_copy_decodes_serially(arrays, monkeypatc
     def broken(*args):
         raise ImportError("simulated")
 
-    monkeypatch.setattr(zarrs_native, "install_copy", broken)  # inherited by the forked workers
+    monkeypatch.setattr(_zarrs_native, "install_copy", broken)  # inherited by the forked workers
     loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
     check_reads(list(loader), reference, mode="serial")
 
@@ -393,8 +393,8 @@ def test_parent_that_cannot_load_the_copy_falls_back_to_serial_with_one_warning(
     def broken(fd: int):
         raise ImportError("simulated")
 
-    monkeypatch.setattr(zarrs_native, "load_copy", broken)
-    backend.forget_mode_checks(spare=True)  # as in a process that has not loaded it yet
+    monkeypatch.setattr(_zarrs_native, "load_copy", broken)
+    backend.BACKEND.forget_mode_checks(spare=True)  # as in a process that has not loaded it yet
     loader = DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2, timeout=LOADER_TIMEOUT)
     items, fallbacks = run_collecting_warnings(loader)
     check_reads(items, reference, mode="serial")
@@ -406,7 +406,7 @@ def test_every_worker_installs_the_one_spare_copy_the_parent_loaded(arrays):
     reference = parent_decodes(arrays["plain"])
     for _ in range(2):  # a second loader reuses the spare: the parent never used it
         check_reads(list(DataLoader(Reads(arrays["plain"]), batch_size=None, num_workers=2)), reference, mode="pool")
-    spare = backend.spare_copy()
+    spare = backend.BACKEND.spare_copy()
     assert spare is not None and spare is not sys.modules["zarrs._internal"]
     assert spare.__file__ == sys.modules["zarrs._internal"].__file__
 

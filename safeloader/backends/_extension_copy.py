@@ -168,24 +168,14 @@ def rebind(old: ModuleType, new: ModuleType, references: tuple[Reference, ...]) 
     Checks every reference first (still holding ``old``'s object, counterpart
     present) and changes nothing if one fails: mixing the copies fails later.
     """
+    owned = _owned(old)
     replacements = []
     for reference in references:
-        if _path_of(reference.container[reference.key], _owned_cache(old)) != reference.path:
+        if _path_of(reference.container[reference.key], owned) != reference.path:
             raise ImportError(f"{reference.where} no longer holds {old.__name__}.{'.'.join(reference.path)}")
         replacements.append((reference, resolve(new, reference.path)))
     for reference, value in replacements:
         reference.container[reference.key] = value
-
-
-_owned_memo: dict[int, tuple[ModuleType, dict[int, tuple[str, ...]]]] = {}
-
-
-def _owned_cache(module: ModuleType) -> dict[int, tuple[str, ...]]:
-    cached = _owned_memo.get(id(module))
-    if cached is None or cached[0] is not module:
-        cached = (module, _owned(module))
-        _owned_memo[id(module)] = cached
-    return cached[1]
 
 
 def clear_caches(packages: Iterable[str], exclude: Callable[[str], bool] = lambda name: False) -> int:

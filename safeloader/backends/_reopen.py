@@ -75,22 +75,43 @@ def regular_file_fds(table: Iterable[_descriptors.Descriptor] | None = None) -> 
         yield InheritedFd(fd, flags, dev, ino)
 
 
-_virtual_devices: frozenset[int] | None = None
+class _ThisProcess:
+    """What this module keeps for the process. The device ids of /proc, /sys and /dev are found
+    once per process, in the parent (``offsets_at_fork`` asks first), so that workers inherit the
+    answer. The descriptors privatized and the paths warned about are this process's own: a forked
+    child inherits the object and starts both sets afresh at its first use of them (``own``)."""
+
+    __slots__ = ("pid", "private", "virtual_devices", "warned")
+
+    def __init__(self) -> None:
+        self.virtual_devices: frozenset[int] | None = None
+        self.pid = -1  # whose ``private`` and ``warned`` they are
+        self.private: set[int] = set()  # descriptors already privatized
+        self.warned: set[str] = set()  # paths warned about (a worker warns once per path)
+
+    def own(self) -> _ThisProcess:
+        """This object, with ``private`` and ``warned`` made new if they were another process's."""
+        pid = os.getpid()
+        if self.pid != pid:
+            self.pid, self.private, self.warned = pid, set(), set()
+        return self
+
+
+_process = _ThisProcess()
 
 
 def _virtual_device_ids() -> frozenset[int]:
     """Device ids of /proc, /sys and /dev: found once per process (the parent's
-    ``record_offsets`` asks first, so that workers inherit the answer)."""
-    global _virtual_devices
-    if _virtual_devices is None:
+    ``offsets_at_fork`` asks first, so that workers inherit the answer)."""
+    if _process.virtual_devices is None:
         devices = set()
         for mount in _VIRTUAL_MOUNTS:
             try:
                 devices.add(os.stat(mount).st_dev)
             except OSError:
                 pass
-        _virtual_devices = frozenset(devices)
-    return _virtual_devices
+        _process.virtual_devices = frozenset(devices)
+    return _process.virtual_devices
 
 
 def is_virtual(entry: InheritedFd) -> bool:
@@ -130,22 +151,14 @@ def holds_exclusive_lock(fd: int) -> bool:
     return False
 
 
-# Descriptors already privatized in this process; a fork starts a fresh set.
-_private: tuple[int, set[int]] = (-1, set())
-
-
 def private_fds() -> set[int]:
     """Descriptors this process has privatized already (none right after a fork)."""
-    return _private[1] if _private[0] == os.getpid() else set()
+    return _process.private if _process.pid == os.getpid() else set()
 
 
 class SharedFileWarning(RuntimeWarning):
     """A DataLoader worker could not get its own description of an inherited
     file: it reads through the parent's, with the offset shared, as under torch."""
-
-
-# Paths this process warned about; a fork starts a fresh set (a worker warns once per path).
-_warned: tuple[int, set[str]] = (-1, set())
 
 
 def _where(worker_id: int | None) -> str:
@@ -192,17 +205,14 @@ def _open_fresh(entry: InheritedFd, read_only: bool) -> tuple[int, int]:
 
 def _install_fresh(fd: int, fresh: int, offset: int) -> None:
     """Put ``fresh`` under the number ``fd``, at ``offset``."""
-    global _private
-    pid = os.getpid()
-    if _private[0] != pid:
-        _private = (pid, set())
+    private = _process.own().private
     try:
         if offset:
             os.lseek(fresh, offset, os.SEEK_SET)
         os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))
     finally:
         os.close(fresh)
-    _private[1].add(fd)
+    private.add(fd)
 
 
 def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = True) -> None:
@@ -238,16 +248,13 @@ def privatize_or_share(entry: InheritedFd, worker_id: int | None) -> bool:
     Dataset's (library logs, configs), and failing the worker would be worse
     than torch, which shares them all.
     """
-    global _warned
     try:
         fresh, offset = _open_fresh(entry, read_only=True)
     except OSError as exc:
         path = entry.path
-        pid = os.getpid()
-        if _warned[0] != pid:
-            _warned = (pid, set())
-        if path not in _warned[1]:
-            _warned[1].add(path)
+        warned = _process.own().warned
+        if path not in warned:
+            warned.add(path)
             import warnings
 
             warnings.warn(

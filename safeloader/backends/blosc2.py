@@ -18,7 +18,7 @@ from .. import _hooks, hook_names
 from .._context import ForkContext
 from .._options import Options
 from ._backend import Backend
-from .lmdb import find_environments
+from ._object_graph import find_instances
 
 NAME = hook_names.BLOSC2
 
@@ -138,7 +138,7 @@ class Blosc2Backend(Backend):
             return
         from blosc2 import blosc2_ext
 
-        found = find_environments(getattr(loader, "dataset", None), blosc2_ext.SChunk)
+        found = find_instances(getattr(loader, "dataset", None), blosc2_ext.SChunk)
         self._schunks[loader] = _unique(schunk for _holder, _key, schunk in found)
 
     def before(self, ctx: ForkContext) -> _Plan | None:

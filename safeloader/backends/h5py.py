@@ -148,16 +148,12 @@ def _file_identity(f: Any, driver: str) -> _reopen.FileIdentity | None:
         return None
 
 
-# One reopened File per (path, parameters) in a worker: a Dataset's File, and
-# the File behind each of its Dataset objects, are the same handle again.
-_reopened: dict[tuple[Any, ...], Any] = {}
-
-
 def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reopen.FileIdentity | None) -> Any:
     """In a spawn/forkserver worker: the ``h5py.File`` the parent pickled, opened read-only."""
     key = (name, options, identity)
-    if key in _reopened:
-        return _reopened[key]
+    reopened = BACKEND._reopened
+    if key in reopened:
+        return reopened[key]
 
     def opener() -> Any:
         import h5py
@@ -167,7 +163,7 @@ def reopen_file(name: str, options: tuple[tuple[str, Any], ...], identity: _reop
             identity.check(name, found)
         return h5py.File(name, "r", **dict(options))
 
-    _reopened[key] = handle = _reopen.reopen_or_unavailable("HDF5 file", name, opener)
+    reopened[key] = handle = _reopen.reopen_or_unavailable("HDF5 file", name, opener)
     return handle
 
 
@@ -210,6 +206,9 @@ class H5pyBackend(Backend):
         self.writable: Inodes = frozenset()
         """The files the parent held writable when a loader last started fork workers."""
         self._warned: set[str] = set()  # paths warned about, once per process
+        self._reopened: dict[tuple[Any, ...], Any] = {}
+        """In a spawn/forkserver worker, one reopened File per (path, parameters): a Dataset's File,
+        and the File behind each of its Dataset objects, are the same handle again (``reopen_file``)."""
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
         if "h5py" not in sys.modules:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import weakref
-from types import FunctionType, ModuleType
 from typing import Any
 
 from .. import _hooks, hook_names
@@ -15,12 +14,10 @@ from .._context import ForkContext
 from .._options import Options
 from . import _reopen
 from ._backend import Backend
+from ._object_graph import find_instances
 
 NAME = hook_names.LMDB
-_MAX_CONTAINER = 10_000  # longer lists/dicts (file lists, index tables) are not searched
-_MAX_NODES = 100_000
 _MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
-_LEAVES = (str, bytes, int, float, type, ModuleType, FunctionType)  # never searched inside
 
 
 class LmdbWritableError(RuntimeError):
@@ -46,7 +43,7 @@ def plan_start(loader: Any, options: Options, start_method: str, plans: weakref.
     import lmdb
 
     plan = []
-    for holder, key, env in find_environments(getattr(loader, "dataset", None), lmdb.Environment):
+    for holder, key, env in find_instances(getattr(loader, "dataset", None), lmdb.Environment):
         if not env.flags()["readonly"]:
             raise LmdbWritableError(
                 f"the Dataset holds the LMDB environment {env.path()!r} open for writing; forked DataLoader "
@@ -87,37 +84,6 @@ def reopen_environment(path: str, options: dict[str, Any]) -> Any:
             raise OSError(f"lmdb: {exc}") from exc
 
     return _reopen.reopen_or_unavailable("LMDB environment", path, opener)
-
-
-def find_environments(root: Any, env_type: type) -> list[tuple[Any, Any, Any]]:
-    """(holder, key, environment) for each environment reachable from ``root``
-    through instance attributes, lists and dicts (``holder[key]`` or ``holder.key``)."""
-    found = []
-    seen: set[int] = set()
-    stack = [root]
-    while stack and len(seen) < _MAX_NODES:
-        node = stack.pop()
-        if id(node) in seen or node is None or isinstance(node, _LEAVES):
-            continue
-        seen.add(id(node))
-        if isinstance(node, (list, dict)):
-            if len(node) > _MAX_CONTAINER:
-                continue
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-        elif isinstance(node, tuple):
-            stack.extend(node[:_MAX_CONTAINER])
-            continue
-        else:
-            attributes = getattr(node, "__dict__", None)
-            if not isinstance(attributes, dict):
-                continue
-            items = attributes.items()
-        for key, value in list(items):
-            if isinstance(value, env_type):
-                found.append((node, key, value))
-            else:
-                stack.append(value)
-    return found
 
 
 def reopen_environments(plan: Plan) -> None:

@@ -16,9 +16,9 @@ from .. import _hooks, forkstate, hook_names
 from .._context import ForkContext
 from .._imports import modules_state
 from ..diagnostics.native_libraries import Library
-from . import _extension_copy, polars_objects
+from . import _extension_copy, _polars_objects
 from ._backend import Backend
-from .polars_objects import PolarsInheritedObjectError
+from ._polars_objects import PolarsInheritedObjectError
 
 NAME = hook_names.POLARS
 PACKAGES = ("polars", "_polars_runtime_32", "_polars_runtime_64", "_polars_runtime_compat")
@@ -42,7 +42,7 @@ class Plan:
     threads: int
     copy_fd: int | None  # the runtime copy to load; None: the inherited module is safe as is
     references: tuple[_extension_copy.Reference, ...] = ()
-    slots: tuple[polars_objects.Slot, ...] = ()
+    slots: tuple[_polars_objects.Slot, ...] = ()
     problem: str | None = None  # why polars cannot be made safe (the worker refuses polars calls)
 
 
@@ -126,7 +126,7 @@ class PolarsBackend(Backend):
             native = runtime_module()
             assert native is not None
             self._references = (
-                state, _extension_copy.find_references(native, PACKAGES), polars_objects.find_slots(native)
+                state, _extension_copy.find_references(native, PACKAGES), _polars_objects.find_slots(native)
             )
         return self._references
 
@@ -167,7 +167,7 @@ class PolarsBackend(Backend):
                 os.close(inherited_fd)
 
 
-_References = tuple[tuple[int, str, object], tuple[_extension_copy.Reference, ...], tuple[polars_objects.Slot, ...]]
+_References = tuple[tuple[int, str, object], tuple[_extension_copy.Reference, ...], tuple[_polars_objects.Slot, ...]]
 
 
 def _load_copy(plan: Plan) -> None:
@@ -186,7 +186,7 @@ def _load_copy(plan: Plan) -> None:
     for name in [name for name, module in sys.modules.items() if module is old]:
         sys.modules[name] = new  # polars._plr and _polars_runtime_*._polars_runtime
     _extension_copy.clear_caches(("polars",))
-    polars_objects.install(old, new, plan.slots)
+    _polars_objects.install(old, new, plan.slots)
     if config is not None:
         try:
             sys.modules["polars"].Config.load(config)

@@ -9,12 +9,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from .. import hook_names
 from .._context import ForkContext
 from ._backend import Backend
-from .lmdb import find_environments
+from ._object_graph import find_instances
 
 NAME = hook_names.PYAV
 
@@ -52,7 +52,7 @@ def make_plan(root: Any) -> _Plan | None:
     from av.container import InputContainer
     from av.stream import Stream
 
-    found = find_environments(root, cast(type, (InputContainer, Stream, CodecContext)))  # isinstance takes a tuple
+    found = find_instances(root, (InputContainer, Stream, CodecContext))
     containers: dict[int, Any] = {}
     for _holder, _key, obj in found:
         container = obj if isinstance(obj, InputContainer) else getattr(obj, "container", None)

@@ -17,10 +17,10 @@ from .._context import ForkContext
 from .._imports import modules_state
 from .._options import ZARRS_MODES
 from ..diagnostics.native_libraries import Library
-from . import zarrs_layout, zarrs_native, zarrs_pipelines
+from . import _zarrs_layout, _zarrs_native, _zarrs_pipelines
 from ._backend import Backend
-from .zarrs_layout import SUPPORTED_VERSIONS
-from .zarrs_pipelines import ZarrsStoreError, worker_mode
+from ._zarrs_layout import SUPPORTED_VERSIONS
+from ._zarrs_pipelines import ZarrsStoreError, worker_mode
 
 NAME = hook_names.ZARRS
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
@@ -39,7 +39,7 @@ class Plan:
     mode: str
     threads: int  # rayon threads of the worker's own pool ("pool" mode)
     copy: ModuleType | None  # the loaded, never used copy to install ("pool" mode, zarrs' runtime live)
-    bindings: tuple[zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
+    bindings: tuple[_zarrs_native.Binding, ...] = ()  # zarrs' globals to point at the loaded copy
 
 
 class ZarrsBackend(Backend):
@@ -66,7 +66,7 @@ class ZarrsBackend(Backend):
         self._spare: ModuleType | None = None  # a copy of zarrs' extension loaded here and never used
         self._source: str | None = None  # the extension's file, kept for workers whose own module is a copy
         self._resolved: dict[tuple[str, bool], str] = {}  # (requested mode, copy needed) -> mode in force
-        self._bindings: tuple[zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
+        self._bindings: tuple[_zarrs_native.Binding, ...] = ()  # found in the loaded zarrs modules of _bindings_key
         self._bindings_key: frozenset[tuple[str, ModuleType]] | None = None
         self._modules_seen: tuple[int, str, object] | None = None  # sys.modules when _bindings_key was checked
         self._real_paths: dict[str, str] = {}  # the extension's file -> its real path, as thread owners name it
@@ -96,7 +96,7 @@ class ZarrsBackend(Backend):
             raise ValueError(f"zarrs_mode must be one of {ZARRS_MODES}, got {requested!r}")
         problems = []
         for mode in ZARRS_MODES[ZARRS_MODES.index(requested) :]:
-            problem = zarrs_layout.MODE_PROBLEMS[mode]()
+            problem = _zarrs_layout.MODE_PROBLEMS[mode]()
             if problem is None and mode == "pool" and copy:
                 problem = self._ensure_copy()
             if problem is None:
@@ -147,18 +147,18 @@ class ZarrsBackend(Backend):
         if self._spare is not None:
             return None
         if self._source is None:
-            self._source = sys.modules[zarrs_native.INTERNAL].__file__
+            self._source = sys.modules[_zarrs_native.INTERNAL].__file__
         source = self._source
         if source is None:
-            return f"{zarrs_native.INTERNAL} has no file to copy"
+            return f"{_zarrs_native.INTERNAL} has no file to copy"
         try:
-            fd = zarrs_native.make_copy(source)
+            fd = _zarrs_native.make_copy(source)
         except OSError as exc:
             return f"a copy of {source} in memory, got {type(exc).__name__}: {exc}"
         try:
             # dlopen holds the dynamic loader's lock; the import runs it with the GIL held,
             # so no other Python thread forks meanwhile (and none is waited for).
-            spare = zarrs_native.load_copy(fd)
+            spare = _zarrs_native.load_copy(fd)
         except Exception as exc:  # nothing was installed: a slower mode is safe
             return f"a loadable copy of {source}, got {type(exc).__name__}: {exc}"
         finally:
@@ -167,7 +167,7 @@ class ZarrsBackend(Backend):
         self._spare = spare
         return None
 
-    def current_bindings(self) -> tuple[zarrs_native.Binding, ...]:
+    def current_bindings(self) -> tuple[_zarrs_native.Binding, ...]:
         """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, as the worker must move them.
 
         Found again when the loaded ``zarrs`` modules changed since the last call
@@ -181,7 +181,7 @@ class ZarrsBackend(Backend):
                 return self._bindings
             key = _loaded_zarrs_modules()
             if key != self._bindings_key:
-                self._bindings = zarrs_native.find_bindings(sys.modules[zarrs_native.INTERNAL])
+                self._bindings = _zarrs_native.find_bindings(sys.modules[_zarrs_native.INTERNAL])
                 self._bindings_key = key
             self._modules_seen = seen  # taken before the pass: an import during it is seen next time
             return self._bindings
@@ -195,7 +195,7 @@ class ZarrsBackend(Backend):
         state = forkstate.record(ctx)
         if self._live_for is not None and self._live_for[0] is state:
             return self._live_for[1]  # a loader's later forks, same threads: nothing new to write between forks
-        path = getattr(sys.modules.get(zarrs_native.INTERNAL), "__file__", None)
+        path = getattr(sys.modules.get(_zarrs_native.INTERNAL), "__file__", None)
         if path is None:
             return True
         threads = tuple((thread.tid, thread.name) for thread in state.native_threads)
@@ -209,7 +209,7 @@ class ZarrsBackend(Backend):
         if context is None:  # only armed worker forks run this hook
             return None
         requested = context.options.zarrs_mode
-        zarrs_pipelines.patch()  # here, once per process, not in each worker
+        _zarrs_pipelines.patch()  # here, once per process, not in each worker
         # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
         # started builds its own from the module it inherits (and the parent loads no copy).
         live = requested == "pool" and self.runtime_live(ctx)
@@ -234,11 +234,11 @@ class ZarrsBackend(Backend):
             _configure_serial()
         elif mode == "python":
             _configure_python()
-        zarrs_pipelines.activate(mode)
+        _zarrs_pipelines.activate(mode)
 
 
 def _supported_text() -> str:
-    dotted = zarrs_layout.dotted
+    dotted = _zarrs_layout.dotted
     return ", ".join(f"{lib}>={dotted(low)},<{dotted(high)}" for lib, (low, high) in SUPPORTED_VERSIONS.items())
 
 
@@ -257,9 +257,9 @@ def _install_private_pool(plan: Plan) -> str:
     assert plan.copy is not None  # "pool" with zarrs' runtime live in the parent
     # rayon sizes its global pool from this when the copy first uses it.
     os.environ["RAYON_NUM_THREADS"] = str(plan.threads)
-    old = sys.modules[zarrs_native.INTERNAL]
+    old = sys.modules[_zarrs_native.INTERNAL]
     try:
-        zarrs_native.install_copy(old, plan.copy, plan.bindings)  # checks every binding before changing any
+        _zarrs_native.install_copy(old, plan.copy, plan.bindings)  # checks every binding before changing any
     except Exception as exc:  # nothing was changed: serial mode on the inherited module is safe
         warnings.warn(
             f"safeloader: DataLoader worker (pid {os.getpid()}) could not install a private copy of zarrs' "
@@ -288,10 +288,3 @@ def _configure_python() -> None:
 
 
 BACKEND = ZarrsBackend()
-# The process's zarrs state, for the loader, doctor and tests.
-resolve_mode = BACKEND.resolve_mode
-resolved_modes = BACKEND.resolved_modes
-forget_mode_checks = BACKEND.forget_mode_checks
-spare_copy = BACKEND.spare_copy
-current_bindings = BACKEND.current_bindings
-runtime_live = BACKEND.runtime_live

@@ -2,7 +2,8 @@
 
 A copy of torch's libgomp is loaded through a link whose own name has no BLAS/OpenMP prefix (as a
 system ``libblas.so.3`` links to OpenBLAS). Prints, as JSON, the real paths the backend found, those
-threadpoolctl's ``ThreadpoolController()`` found, and the copy's real path.
+threadpoolctl's ``ThreadpoolController()`` found, and the copy's real path. With the argument
+"public": as with a threadpoolctl whose private per-path step is gone (its public scan is asked).
 """
 
 import ctypes
@@ -17,7 +18,10 @@ import threadpoolctl
 import torch
 
 from safeloader import forkstate
-from safeloader.backends import threadpools
+from safeloader.backends import _blas_pools
+
+if sys.argv[1:] == ["public"]:
+    del threadpoolctl.ThreadpoolController._from_controllers
 
 directory = tempfile.mkdtemp()
 copy = os.path.join(directory, "libgomp-copy.so.1")
@@ -26,7 +30,7 @@ link = os.path.join(directory, "libruntime.so")
 os.symlink(copy, link)
 ctypes.CDLL(link)
 try:
-    found = sorted(pool.path for pool in threadpools._pools(forkstate._dynamic_linker().loaded()))
+    found = sorted(pool.path for pool in _blas_pools.PoolFinder().pools(forkstate._dynamic_linker().loaded()))
     whole = sorted(os.path.realpath(lib.filepath) for lib in threadpoolctl.ThreadpoolController().lib_controllers)
     print(json.dumps({"found": found, "whole": whole, "copy": os.path.realpath(copy)}))
 finally:

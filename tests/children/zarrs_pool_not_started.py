@@ -47,4 +47,4 @@ class Windows(torch.utils.data.Dataset):
 
 loader = DataLoader(Windows(), batch_size=None, num_workers=2, thread_budget=2, timeout=30)
 items = [list(item) for item in loader]
-print(json.dumps({"spare loaded": backend.spare_copy() is not None, "items": items}))
+print(json.dumps({"spare loaded": backend.BACKEND.spare_copy() is not None, "items": items}))

@@ -1,6 +1,6 @@
 """In a worker: polars objects built before the fork move to the worker's own polars runtime.
 
-How it works and why: docs/internals.md, ``safeloader.backends.polars_objects``.
+How it works and why: docs/internals.md, ``safeloader.backends._polars_objects``.
 """
 
 from __future__ import annotations

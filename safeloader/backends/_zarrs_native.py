@@ -1,6 +1,6 @@
 """A private copy of zarrs' native extension for each forked worker.
 
-How it works and why: docs/internals.md, ``safeloader.backends.zarrs_native``.
+How it works and why: docs/internals.md, ``safeloader.backends._zarrs_native``.
 """
 
 from __future__ import annotations

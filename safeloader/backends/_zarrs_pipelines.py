@@ -1,6 +1,6 @@
 """In a worker: every zarrs pipeline decodes through the worker's chosen mode.
 
-How it works and why: docs/internals.md, ``safeloader.backends.zarrs_pipelines``.
+How it works and why: docs/internals.md, ``safeloader.backends._zarrs_pipelines``.
 """
 
 from __future__ import annotations
