@@ -76,7 +76,7 @@ def _live_libraries() -> dict[str, int]:
 
 def _hazard(library: str, count: int, options: Options, loader: Any) -> tuple[Hazard | None, bool]:
     """(the hazard of ``library``'s live threads or None, whether the answer depended on ``loader``)."""
-    entry, package = native_libraries.entry(library)
+    entry, package, _ = native_libraries.classify((library,))
     per_loader = False
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
