@@ -45,10 +45,11 @@ def configure(**options: object) -> Options:
     return _options.set_defaults(updated)
 
 if TYPE_CHECKING:
+    from ._doctor import doctor
     from ._install import install, installed, uninstall
     from ._loader import DEFAULT, SafeDataLoader
     from .backends import register as register_backend
-    from .backends._backend import Backend
+    from .backends._backend import Backend, Hazard
     from .diagnostics.native_libraries import Library
     from .diagnostics.unsafe_fork import UnsafeForkWarning
     from .watchdog import WorkerStallError, WorkerStoppedWarning
@@ -62,11 +63,12 @@ _LAZY = {
     "install": ("._install", "install"),
     "uninstall": ("._install", "uninstall"),
     "installed": ("._install", "installed"),
-    "doctor": (".doctor", "doctor"),
+    "doctor": ("._doctor", "doctor"),
     "WorkerStallError": (".watchdog", "WorkerStallError"),
     "WorkerStoppedWarning": (".watchdog", "WorkerStoppedWarning"),
     "UnsafeForkWarning": (".diagnostics.unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
+    "Hazard": (".backends._backend", "Hazard"),
     "Library": (".diagnostics.native_libraries", "Library"),
     "register_backend": (".backends", "register"),
 }
@@ -94,6 +96,7 @@ __all__ = [
     "NATIVE",
     "DataLoader",
     "ForkContext",
+    "Hazard",
     "Hook",
     "HookError",
     "Library",

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from .. import hook_names
-from ._backend import Backend
+from ._backend import Backend, Hazard
 
 NAME = hook_names.FSSPEC
 
@@ -92,6 +92,13 @@ class FsspecBackend(Backend):
     def after_in_child(self, plan: Any) -> None:
         self.parent_loop = plan
         adopt_parent_filesystems()
+
+    def hazards(self) -> list[Hazard]:
+        """fsspec's event-loop threads, which its own fork handler re-creates (so does this hook's)."""
+        from . import _loop_threads
+
+        found = _loop_threads.hazard("fsspec.asyn", "reset_after_fork", hook="")
+        return [found] if found is not None else []
 
 
 BACKEND = FsspecBackend()

@@ -18,7 +18,7 @@ from .._options import ZARRS_MODES
 from .._registry import fork_context
 from ..diagnostics.native_libraries import Library
 from . import zarrs_layout, zarrs_native, zarrs_pipelines
-from ._backend import Backend
+from ._backend import Backend, Hazard
 from .zarrs_layout import SUPPORTED_VERSIONS
 from .zarrs_pipelines import ZarrsStoreError, worker_mode
 
@@ -234,6 +234,13 @@ class ZarrsBackend(Backend):
         elif mode == "python":
             _configure_python()
         zarrs_pipelines.activate(mode)
+
+    def hazards(self) -> list[Hazard]:
+        """zarr-python's event-loop threads: zarr's own fork handler re-creates them (no hook needed)."""
+        from . import _loop_threads
+
+        found = _loop_threads.hazard("zarr.core.sync", "reset_resources_after_fork", hook=None)
+        return [found] if found is not None else []
 
 
 def _supported_text() -> str:
