@@ -62,22 +62,19 @@ def run(make_loader) -> float:
 def hook_costs(samples: int = 20) -> tuple[list[float], list[float]]:
     """Microseconds the backend spends in the parent per fork (fork-state record, plan), and in
     the forked child (applying the limits), measured on real forks."""
-    from safeloader import _registry
+    from safeloader._context import ForkContext
 
     parent_us, child_us = [], []
     for _ in range(samples):
-        _registry._local.pending = _registry.ForkContext(0, WORKERS, safeloader.get_options())
-        try:
-            start = time.perf_counter()
-            plan = threadpools.BACKEND.before()  # what the parent runs before each worker fork
-            parent_us.append((time.perf_counter() - start) * 1e6)
-        finally:
-            _registry._local.pending = None
+        ctx = ForkContext(0, WORKERS, safeloader.get_options())
+        start = time.perf_counter()
+        plan = threadpools.BACKEND.before(ctx)  # what the parent runs before each worker fork
+        parent_us.append((time.perf_counter() - start) * 1e6)
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             start = time.perf_counter()
-            threadpools.BACKEND.after_in_child(plan)  # what each worker runs
+            threadpools.BACKEND.after_in_child(ctx, plan)  # what each worker runs
             os.write(write, str((time.perf_counter() - start) * 1e6).encode())
             os._exit(0)
         os.close(write)

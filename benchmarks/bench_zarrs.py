@@ -187,7 +187,7 @@ def in_child(mode):
     spare = backend.BACKEND.spare_copy()
     plan = backend.Plan(mode, 1, spare, backend.BACKEND.current_bindings()) if pool else backend.Plan(mode, 1, None)
     start = time.perf_counter()
-    backend.BACKEND.after_in_child(plan)  # what the hook does at worker start
+    backend.BACKEND.after_in_child(None, plan)  # what the hook does at worker start
     setup = time.perf_counter() - start
     start = time.perf_counter()
     for array in opened:  # what each inherited pipeline costs on its first use

@@ -37,10 +37,11 @@ def configure(**options: object) -> Options:
     return _options.set_defaults(updated)
 
 if TYPE_CHECKING:
+    from ._doctor import doctor
     from ._install import install, installed, uninstall
     from ._loader import DEFAULT, SafeDataLoader
     from .backends import register as register_backend
-    from .backends._backend import Backend
+    from .backends._backend import Backend, Hazard
     from .diagnostics.native_libraries import Library
     from .diagnostics.unsafe_fork import UnsafeForkWarning
 
@@ -53,9 +54,10 @@ _LAZY = {
     "install": ("._install", "install"),
     "uninstall": ("._install", "uninstall"),
     "installed": ("._install", "installed"),
-    "doctor": (".doctor", "doctor"),
+    "doctor": ("._doctor", "doctor"),
     "UnsafeForkWarning": (".diagnostics.unsafe_fork", "UnsafeForkWarning"),
     "Backend": (".backends._backend", "Backend"),
+    "Hazard": (".backends._backend", "Hazard"),
     "Library": (".diagnostics.native_libraries", "Library"),
     "register_backend": (".backends", "register"),
 }
@@ -84,6 +86,7 @@ __all__ = [
     "DataLoader",
     "FastFork",
     "ForkContext",
+    "Hazard",
     "Hook",
     "HookError",
     "Library",

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "demo":
         return demo_module.run(args)
-    from .doctor import doctor as run_doctor
+    from ._doctor import doctor as run_doctor
 
     try:
         run_doctor(imports=args.imports, json=args.json)

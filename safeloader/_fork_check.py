@@ -19,7 +19,7 @@ from . import _hooks, _imports, backends, forkstate, hook_names, native
 from ._options import Options
 from .backends import threadpools
 from .backends._backend import Backend
-from .diagnostics import native_libraries, native_pools  # not lazily: the first start would import them
+from .diagnostics import native_libraries, native_pools, thread_owners  # not lazily: the first start would import them
 from .diagnostics.unsafe_fork import Hazard, UnsafeForkWarning, remedies
 from .errors import UnsafeForkError
 
@@ -38,7 +38,7 @@ def _backend_active(name: str, options: Options) -> bool:
 
 def _hazard(library: str, count: int, options: Options, loader: Any) -> tuple[Hazard | None, bool]:
     """(the hazard of ``library``'s live threads or None, whether the answer depended on ``loader``)."""
-    entry, package = native_libraries.entry(library)
+    entry, package, _ = native_libraries.classify((library,))
     per_loader = False
     if entry is not None:
         if entry.fork == native_libraries.SURVIVES:
@@ -128,7 +128,7 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
     per_loader = False
     with _lock:
         _owners.clear()
-        live = native_pools.live_libraries()
+        live = thread_owners.live_libraries()
         attributed = sum(live.values())
         # A pool that runs on another library's threads (numba's on GNU OpenMP's): found by its state.
         gomp_threads = sum(count for library, count in live.items() if _is_gomp(library))

@@ -13,6 +13,7 @@ import functools
 import importlib
 import inspect
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,8 @@ def uses_thread_workers(loader: object) -> bool:
 
 PIN_MEMORY_MODULE = "torch.utils.data._utils.pin_memory"
 """Where torch's pin-memory thread's ``pin_memory`` function lives (the pin-memory fork gate wraps it)."""
+PIN_MEMORY_LOOP = "_pin_memory_loop"
+"""The target of torch's pin-memory thread (in ``PIN_MEMORY_MODULE``)."""
 ACCELERATORS = ("cuda", "xpu")
 """torch's accelerator modules whose state a forked child cannot use."""
 
@@ -133,6 +136,18 @@ def initialised_accelerators() -> tuple[str, ...]:
         if module is not None and module.is_initialized():
             names.append(name)
     return tuple(names)
+
+
+def pin_memory_threads() -> list[threading.Thread]:
+    """The live pin-memory threads of torch's loaders in this process, but the calling thread."""
+    me = threading.current_thread()
+    return [
+        thread
+        for thread in threading.enumerate()
+        if thread is not me
+        and thread.is_alive()
+        and getattr(getattr(thread, "_target", None), "__name__", "") == PIN_MEMORY_LOOP
+    ]
 
 
 def start_method(context: Any = None) -> str:

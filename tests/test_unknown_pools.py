@@ -183,7 +183,7 @@ def test_a_pool_started_after_a_loader_start_is_found_at_the_next_start(tiny_poo
         import time
         import torch
         import safeloader
-        from safeloader.diagnostics.native_pools import live_libraries
+        from safeloader.diagnostics.thread_owners import live_libraries
 
         lib = ctypes.CDLL({str(tiny_pool)!r})
         loader = safeloader.DataLoader(list(range(4)), batch_size=None, num_workers=2, on_unsafe_fork="raise")

@@ -71,3 +71,8 @@ def prepare_start(loader: Any, options: Options, start_method: str) -> None:
 def status(name: str) -> str:
     """The backend ``name``'s own word on how it stands ('' if none, or no such backend)."""
     return next((backend.status() for backend in _backends if backend.name == name), "")
+
+
+def registered() -> tuple[Backend, ...]:
+    """The registered backends, built-in and yours, in registration order."""
+    return tuple(_backends)

@@ -3,13 +3,15 @@
 A backend says what it handles (``name``, ``description``), when it runs (``requires``, ``first``,
 ``runs_after``), and what it does around each worker fork: ``before`` decides in the parent what
 the worker needs and returns it, the fork's plan; ``after_in_parent`` and ``after_in_child`` receive
-that plan. ``prepare_start`` checks a loader before any worker exists; ``status`` speaks for ``doctor``.
+that plan. ``prepare_start`` checks a loader before any worker exists; ``status`` and ``hazards`` speak
+for ``doctor``.
 ``backends.register_builtin`` registers the built-ins; ``safeloader.register_backend`` registers yours.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import _context, _hooks
@@ -23,12 +25,30 @@ from ..errors import RegistrationError
 _PHASES = ("before", "after_in_parent", "after_in_child")
 
 
+@dataclass(frozen=True)
+class Hazard:
+    """Something live in this process that a forked worker inherits, as ``Backend.hazards`` reports it to
+    ``doctor``: ``kind``, ``subject``, ``what`` say what; ``hook`` ('' the backend's, None none) makes it safe as
+    ``does`` says ('' its description); else ``alone`` says who does, or ``otherwise`` what to do. ``threads``:
+    the idents of the Python threads it accounts for. Field by field: docs/usage.md."""
+
+    kind: str
+    subject: str
+    what: str
+    hook: str | None = ""
+    does: str = ""
+    otherwise: str = ""
+    alone: str = ""
+    threads: tuple[int, ...] = ()
+
+
 class Backend:
     """A native library's handling around DataLoader worker forks. Subclass it, set ``name`` and
     ``description``, override the phases you need, then ``safeloader.register_backend(YourBackend)``.
 
     Two threads may start workers at once: keep what one fork needs in its plan (returned by
     ``before``), not on the instance, which holds what the process knows (caches, loaded copies).
+    ``status`` and ``hazards`` tell ``doctor`` how the backend stands and what it sees live.
     """
 
     name: ClassVar[str]
@@ -96,6 +116,12 @@ class Backend:
     def status(self) -> str:
         """How the backend stands in this process, in words, for ``doctor``; '' for nothing to add."""
         return ""
+
+    def hazards(self) -> Iterable[Hazard]:
+        """What of its library is live in this process now that a forked worker inherits (open files,
+        threads), for ``doctor``, which says for each whether its hook handles it; nothing by default.
+        Called in the parent whenever doctor runs: cheap, importing nothing."""
+        return ()
 
     def _overrides(self, phase: str) -> bool:
         return getattr(type(self), phase) is not getattr(Backend, phase)

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import hook_names
 from .._context import ForkContext
-from ._backend import Backend
+from ._backend import Backend, Hazard
 
 NAME = hook_names.FSSPEC
 
@@ -93,6 +93,13 @@ class FsspecBackend(Backend):
     def after_in_child(self, ctx: ForkContext, plan: Any) -> None:
         self.parent_loop = plan
         adopt_parent_filesystems()
+
+    def hazards(self) -> list[Hazard]:
+        """fsspec's event-loop threads, which its own fork handler re-creates (so does this hook's)."""
+        from . import _loop_threads
+
+        found = _loop_threads.hazard("fsspec.asyn", "reset_after_fork", hook="")
+        return [found] if found is not None else []
 
 
 BACKEND = FsspecBackend()

@@ -15,7 +15,7 @@ from .._context import ForkContext, fork_context
 from .._options import Options
 from ..diagnostics.native_libraries import Library
 from . import _reopen
-from ._backend import Backend
+from ._backend import Backend, Hazard
 
 NAME = hook_names.H5PY
 
@@ -226,6 +226,29 @@ class H5pyBackend(Backend):
 
     def after_in_child(self, ctx: ForkContext, plan: Inodes | None) -> None:
         protect_writable_files(plan or frozenset())
+
+    def hazards(self) -> list[Hazard]:
+        """Open files: a writable one is this hook's; a read-only one the "files" hook's."""
+        h5py: Any = sys.modules.get("h5py")
+        try:
+            ids = h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE) if h5py is not None else ()
+        except Exception:  # h5py internals differ: report nothing rather than fail the doctor
+            return []
+        found = []
+        for fid in ids:
+            try:
+                name = fid.name.decode() if isinstance(fid.name, bytes) else str(fid.name)
+                mode = "r+" if fid.get_intent() != h5py.h5f.ACC_RDONLY else "r"
+            except Exception:
+                continue
+            what = f"open h5py file {name} (mode {mode!r}): workers would share the parent's HDF5 handle"
+            if mode == "r":
+                hazard = Hazard("open file", "h5py", what, hook_names.FILES, "each worker reads it through its "
+                                "own file offset", "open the file in the worker")
+            else:
+                hazard = Hazard("open file", "h5py", what, otherwise="close the file before the loader starts")
+            found.append(hazard)
+        return found
 
 
 BACKEND = H5pyBackend()

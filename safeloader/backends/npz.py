@@ -12,7 +12,7 @@ from typing import Any
 from .. import hook_names
 from .._options import Options
 from . import _reopen
-from ._backend import Backend
+from ._backend import Backend, Hazard
 
 
 def reduce_npz(npz: Any) -> tuple[Any, ...]:
@@ -62,6 +62,24 @@ class NpzBackend(Backend):
             from numpy.lib.npyio import NpzFile
 
             _reopen.register_reducer(NpzFile, reduce_npz)
+
+    def hazards(self) -> list[Hazard]:
+        """Open archives: the "files" hook gives each worker its own file offset."""
+        import gc
+
+        npyio = getattr(getattr(sys.modules.get("numpy"), "lib", None), "npyio", None)
+        npz_type = getattr(npyio, "NpzFile", None)
+        if npz_type is None:
+            return []
+        found = []
+        for obj in gc.get_objects():
+            # type(), not isinstance(): some objects (NpzFile.f) fail every attribute lookup.
+            if issubclass(type(obj), npz_type) and getattr(obj, "zip", None) is not None:
+                path = getattr(obj.fid, "name", None) or getattr(obj.zip, "filename", None) or "<file object>"
+                what = f"open npz archive {path}: workers would share one file offset (BadZipFile, wrong data)"
+                found.append(Hazard("open file", "numpy npz", what, hook_names.FILES, "each worker reads the "
+                                    "archive through its own file offset", "open the archive in the worker"))
+        return found
 
 
 BACKEND = NpzBackend()

@@ -17,7 +17,7 @@ from .._context import ForkContext
 from .._hooks import FastFork
 from .._options import Options
 from .._torch_internals import PIN_MEMORY_MODULE
-from ._backend import Backend
+from ._backend import Backend, Hazard
 
 NAME = hook_names.PIN_MEMORY
 WAIT_SECONDS = 30.0
@@ -224,6 +224,16 @@ class PinMemoryBackend(Backend):
 
     def status(self) -> str:
         return status()
+
+    def hazards(self) -> list[Hazard]:
+        """Live pin-memory threads: the gate keeps a worker fork from inheriting a lock one holds."""
+        from .._torch_internals import pin_memory_threads
+
+        return [
+            Hazard("python thread", "pin_memory", f"Python thread {thread.name} (a DataLoader's pin-memory thread)",
+                   otherwise="start loaders one after the other", threads=(thread.ident or 0,))
+            for thread in pin_memory_threads()
+        ]
 
 
 BACKEND = PinMemoryBackend()

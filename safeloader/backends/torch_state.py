@@ -15,7 +15,7 @@ from .. import hook_names
 from .._context import ForkContext, fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from . import _lazy_stacks, _numpy_random_lock
-from ._backend import Backend
+from ._backend import Backend, Hazard
 from ._generator_lock import default_mutex, release_abandoned
 
 NAME = hook_names.TORCH
@@ -74,6 +74,15 @@ class TorchBackend(Backend):
             module: Any = sys.modules.get(f"torch.{accelerator}")
             if module is not None:
                 setattr(module, LAZY_INIT, _RefuseLazyInit(accelerator))
+
+    def hazards(self) -> list[Hazard]:
+        """Initialised accelerators: a forked worker cannot use them."""
+        return [
+            Hazard("accelerator", f"torch.{name}", f"torch.{name} is initialised: a forked worker cannot use it",
+                   does=f"a worker that touches {name} raises a clear error (the parent may keep using it)",
+                   otherwise=f"do not use {name} in workers")
+            for name in initialised_accelerators()
+        ]
 
 
 BACKEND = TorchBackend()

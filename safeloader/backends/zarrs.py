@@ -18,7 +18,7 @@ from .._imports import modules_state
 from .._options import ZARRS_MODES
 from ..diagnostics.native_libraries import Library
 from . import _zarrs_layout, _zarrs_native, _zarrs_pipelines
-from ._backend import Backend
+from ._backend import Backend, Hazard
 from ._zarrs_layout import SUPPORTED_VERSIONS
 from ._zarrs_pipelines import ZarrsStoreError, worker_mode
 
@@ -235,6 +235,13 @@ class ZarrsBackend(Backend):
         elif mode == "python":
             _configure_python()
         _zarrs_pipelines.activate(mode)
+
+    def hazards(self) -> list[Hazard]:
+        """zarr-python's event-loop threads: zarr's own fork handler re-creates them (no hook needed)."""
+        from . import _loop_threads
+
+        found = _loop_threads.hazard("zarr.core.sync", "reset_resources_after_fork", hook=None)
+        return [found] if found is not None else []
 
 
 def _supported_text() -> str:

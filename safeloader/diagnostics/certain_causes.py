@@ -42,10 +42,10 @@ def headline(worker_id: int, pid: int, waited: float, what: str, spinning: str) 
 
 
 def _live_threads(library: str) -> int:
-    from . import native_pools
+    from . import thread_owners
 
     real = os.path.realpath(library)
-    return sum(n for lib, n in native_pools.live_libraries().items() if os.path.realpath(lib) == real)
+    return sum(n for lib, n in thread_owners.live_libraries().items() if os.path.realpath(lib) == real)
 
 
 def lacking_threads(library: str) -> str | None:

@@ -16,7 +16,8 @@ from .native_pools import package_by_place as _package_by_place
 from .native_pools import package_of
 
 __all__ = [
-    "KNOWN", "Known", "Library", "entries", "entry", "handled_by", "is_system", "known", "package_of", "used_runtimes",
+    "KNOWN", "SYSTEM_LIBRARIES", "Known", "Library", "classify", "entries", "entry", "handled_by", "is_system", "known",
+    "package_of", "used_runtimes",
 ]
 
 HANDLED = "handled"  # a backend resets or limits it; ``by`` names the backend
@@ -202,12 +203,14 @@ def used_runtimes() -> list[str]:
     return found
 
 
-def is_system(path: str) -> bool:
-    """The C and C++ runtimes and the interpreter: threads wait *through* them, they own no pool."""
-    from .thread_owners import SYSTEM_LIBRARIES
+# Objects a pool's thread waits *through*, not the pool's owner: the C and C++ runtimes, and the interpreter.
+SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
+_WITH_INTERPRETER = (*SYSTEM_LIBRARIES, "libpython", "python")
 
-    base = os.path.basename(path)
-    return base.startswith((*SYSTEM_LIBRARIES, "libpython", "python"))
+
+def is_system(path: str, interpreter: bool = True) -> bool:
+    """Whether ``path`` is no object, or one of ``SYSTEM_LIBRARIES`` (and, with ``interpreter``, the interpreter's)."""
+    return not path or path[path.rfind("/") + 1 :].startswith(_WITH_INTERPRETER if interpreter else SYSTEM_LIBRARIES)
 
 
 def entry(path: str) -> tuple[Known | None, str]:
@@ -220,6 +223,29 @@ def entry(path: str) -> tuple[Known | None, str]:
         package = package_of(path)
         found = known(path, package)
     return found, package
+
+
+def classify(
+    paths: Iterable[str], wanted: Callable[[Known], bool] | None = None, *, table_order: bool = False
+) -> tuple[Known | None, str, str | None]:
+    """The library a thread is in, from the objects (or Python files) ``paths`` its stack shows, innermost
+    first: (its entry, its package, its path) for the first with an entry that ``wanted`` accepts (with
+    ``table_order``, the one whose entry comes first in ``entries()``); else (None, the first path's
+    package, the first path); (None, "", None) for no paths. Used by doctor, the stall report and the
+    fork-time check alike."""
+    first: tuple[str, str] | None = None
+    found: list[tuple[Known, str, str]] = []
+    for path in paths:
+        known, package = entry(path)
+        first = first or (package, path)
+        if known is not None and (wanted is None or wanted(known)):
+            if not table_order:
+                return known, package, path
+            found.append((known, package, path))
+    if found:
+        table = entries()
+        return min(found, key=lambda item: table.index(item[0]))
+    return (None, *first) if first is not None else (None, "", None)
 
 
 def entries() -> tuple[Known, ...]:

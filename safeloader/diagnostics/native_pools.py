@@ -128,15 +128,3 @@ def describe(path: str, kinds: tuple[str, ...]) -> str:
     name = owner(path)
     possessive = "'" if name.endswith("s") else "'s"
     return f"{name}{possessive} {' and '.join(kinds) or 'native threads'}"
-
-
-def live_libraries() -> dict[str, int]:
-    """Object each live native thread waits in -> how many threads."""
-    from .. import native
-    from . import thread_owners
-
-    counts: dict[str, int] = {}
-    for library in thread_owners.owners(native.thread_census().foreign).values():
-        if library is not None:
-            counts[library] = counts.get(library, 0) + 1
-    return counts

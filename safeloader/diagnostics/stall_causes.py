@@ -82,13 +82,10 @@ def _known_library(libraries: set[str], symbols: list[str], files: list[str]) ->
     """The library with words for a stall (a backend's ``Library.stall``) that the worker's stacks
     are in: its native libraries, the packages of its Python frames, GNU OpenMP's symbols (a libgomp
     without its file name). The first in the table's order when several are."""
-    found = [native_libraries.entry(path)[0] for path in libraries]
-    found += [native_libraries.entry(file)[0] for file in files if is_library_code(file)]
+    paths = [*libraries, *(file for file in files if is_library_code(file))]
     if any(symbol.lower().startswith("gomp") for symbol in symbols):
-        found.append(native_libraries.known("libgomp.so", "libgomp"))
-    table = native_libraries.entries()
-    stalls = [known for known in found if known is not None and known.stall]
-    return min(stalls, key=table.index) if stalls else None
+        paths.append("libgomp.so")
+    return native_libraries.classify(paths, lambda known: bool(known.stall), table_order=True)[0]
 
 
 def likely_cause(report: WorkerStacks, watch: WatchedLoader) -> str:

@@ -11,11 +11,10 @@ import time
 from bisect import bisect_right
 
 from .. import native
+from .native_libraries import SYSTEM_LIBRARIES, is_system
 
 __all__ = ["SYSTEM_LIBRARIES", "code_owner_at", "library_of", "owners"]
 
-# Objects a pool's thread waits *through*, not the pool's owner.
-SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "ld64.so", "libstdc++", "libgcc_s", "libm.so")
 _STACK_BYTES = 1 << 20  # at most this much of a stack is read: a pool thread's live frames take a few KB
 _POINTER = struct.calcsize("P")
 
@@ -124,10 +123,6 @@ _owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -
 _waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
 
 
-def _is_system(path: str) -> bool:
-    return not path or path[path.rfind("/") + 1 :].startswith(SYSTEM_LIBRARIES)
-
-
 def _memory(process: str, address: int, length: int) -> bytes:
     """``length`` bytes of ``/proc/<process>/mem`` from ``address`` (to the end of its page, where
     the mapping ends sooner); the descriptor is not kept (a forked worker would inherit it).
@@ -168,7 +163,7 @@ def _objects_on(data: bytes, segments: _Segments) -> list[str]:
     found = []
     for (word,) in struct.iter_unpack("P", data[: len(data) - len(data) % _POINTER]):
         name = segments.name_at(word)
-        if name is not None and not _is_system(name):
+        if name is not None and not is_system(name, False):
             found.append(name)
     return found
 
@@ -179,7 +174,7 @@ def _outermost_object(data: bytes, segments: _Segments) -> str | None:
     count = len(data) // _POINTER
     for word in reversed(struct.unpack(f"{count}P", data[: count * _POINTER])):
         name = segments.name_at(word)
-        if name is not None and not _is_system(name):
+        if name is not None and not is_system(name, False):
             return name
     return None
 
@@ -208,7 +203,7 @@ def library_of(tid: int) -> str | None:
         if outermost is not None:
             return outermost
     where = segments.name_at(pc)
-    return where if where is not None and not _is_system(where) else None
+    return where if where is not None and not is_system(where, False) else None
 
 
 # A pool's threads spin a little after their last task (rayon: a few milliseconds) before
@@ -291,3 +286,12 @@ def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
         if name in libraries:
             return blocked[0], name, ticks
     return None
+
+
+def live_libraries() -> dict[str, int]:
+    """Object each live native thread waits in -> how many threads."""
+    counts: dict[str, int] = {}
+    for library in owners(native.thread_census().foreign).values():
+        if library is not None:
+            counts[library] = counts.get(library, 0) + 1
+    return counts

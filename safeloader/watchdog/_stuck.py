@@ -54,9 +54,9 @@ class StuckWorkers:
         """Every library with native threads in this process (the workers' parent), whatever the table
         says of it: asked again at most once a confirm window (a thread's owner is kept once found)."""
         if now - self._trusted_at >= ORPHAN_CONFIRM:
-            from ..diagnostics import native_pools
+            from ..diagnostics import thread_owners
 
-            self.trusted = frozenset(native_pools.live_libraries()) - lacking
+            self.trusted = frozenset(thread_owners.live_libraries()) - lacking
             self._trusted_at = now
         return self.trusted
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 import safeloader
 import safeloader.diagnostics.native_libraries
-import safeloader.diagnostics.native_pools
+import safeloader.diagnostics.thread_owners
 
 directory = Path(sys.argv[1])
 tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
@@ -98,7 +98,7 @@ class FineUnderFork(torch.utils.data.Dataset):
 PARENT = os.getpid()
 expected = [values(i) for i in range(4)]  # every pool is live in the parent now
 time.sleep(0.2)  # and idle, as between the steps of a program (rayon's threads spin a while first)
-live = safeloader.diagnostics.native_pools.live_libraries()
+live = safeloader.diagnostics.thread_owners.live_libraries()
 print("LIVE", sorted({safeloader.diagnostics.native_libraries.package_of(library) for library in live}))
 unsafe = 0
 with warnings.catch_warnings(record=True) as caught:

@@ -44,13 +44,13 @@ class SquaresThroughThePool(torch.utils.data.Dataset):
 if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
     assert pool().pool_square(3) == 9  # the parent's pool is live
     if policy == "missed":  # as on a loaded machine, where the pool's threads still ran at the start
-        import safeloader.diagnostics.native_pools
+        import safeloader.diagnostics.thread_owners
 
-        found_at_start = safeloader.diagnostics.native_pools.live_libraries
-        safeloader.diagnostics.native_pools.live_libraries = lambda: {}
+        found_at_start = safeloader.diagnostics.thread_owners.live_libraries
+        safeloader.diagnostics.thread_owners.live_libraries = lambda: {}
 
         def restore(*args: object) -> None:
-            safeloader.diagnostics.native_pools.live_libraries = found_at_start
+            safeloader.diagnostics.thread_owners.live_libraries = found_at_start
 
         safeloader.register_at_fork(after_in_parent=restore, name="restore")
         policy = "default"
