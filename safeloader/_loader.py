@@ -32,7 +32,7 @@ from ._deferred_signals import DeferredSignals
 from ._interrupts import is_interrupt
 from ._options import OPTION_NAMES, Options, get_options, hook_names
 from .diagnostics import unsafe_fork
-from .errors import HookError
+from .errors import HookError, UnarmedWorkersError
 
 
 class _Default(enum.Enum):
@@ -255,10 +255,6 @@ def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
         if popen.poll() is None:
             popen.kill()
             popen.wait(_KILL_WAIT)
-
-
-class UnarmedWorkersError(RuntimeError):
-    """A safeloader loader started workers that no fork hook could recognise."""
 
 
 _thread_workers_warned = False

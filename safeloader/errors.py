@@ -75,3 +75,52 @@ def out_of_descriptors_hint(exc: BaseException) -> str:
             "(or resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or use fewer workers"
         )
     return ""
+
+
+# Raised or warned by one backend or step; importable from there too.
+
+
+class UnarmedWorkersError(RuntimeError):
+    """A safeloader loader started workers that no fork hook could recognise."""
+
+
+class PolarsInheritedObjectError(RuntimeError):
+    """A polars object built in the parent cannot be used in a forked DataLoader worker."""
+
+
+class PolarsForkError(RuntimeError):
+    """polars cannot be made safe in this forked worker."""
+
+
+class ZarrsFallbackWarning(RuntimeWarning):
+    """The requested zarrs mode cannot be set up; workers use a slower one."""
+
+
+class WritableFileWarning(UserWarning):
+    """An HDF5 file open for writing in the parent while DataLoader workers fork."""
+
+
+class ForkedAcceleratorError(RuntimeError):
+    """A forked DataLoader worker used an accelerator the parent had initialised."""
+
+
+class SharedFileWarning(RuntimeWarning):
+    """A DataLoader worker could not get its own description of an inherited
+    file: it reads through the parent's, with the offset shared, as under torch."""
+
+
+class Blosc2PoolError(RuntimeError):
+    """blosc2's threads could not be stopped before a DataLoader worker fork."""
+
+
+class LmdbWritableError(RuntimeError):
+    """A Dataset holds an LMDB environment open for writing while forked workers start."""
+
+
+class ZarrsStoreError(RuntimeError):
+    """zarrs cannot read this array's store in a forked worker with the mode in force."""
+
+
+class UnsafeForkWarning(RuntimeWarning):
+    """Workers are forked from (or, to avoid that, not forked from) a parent holding a pool that no
+    safeloader backend resets."""

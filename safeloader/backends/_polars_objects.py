@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..errors import PolarsInheritedObjectError
+
 PACKAGE = "polars"
 
 __all__ = ["Slot", "PolarsInheritedObjectError", "find_slots", "install"]
-
-
-class PolarsInheritedObjectError(RuntimeError):
-    """A polars object built in the parent cannot be used in a forked DataLoader worker."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _context, native
+from ..errors import SharedFileWarning
 from . import _descriptors
 
 _PROC_FD = _descriptors.PROC_FD
@@ -154,11 +155,6 @@ def holds_exclusive_lock(fd: int) -> bool:
 def private_fds() -> set[int]:
     """Descriptors this process has privatized already (none right after a fork)."""
     return _process.private if _process.pid == os.getpid() else set()
-
-
-class SharedFileWarning(RuntimeWarning):
-    """A DataLoader worker could not get its own description of an inherited
-    file: it reads through the parent's, with the offset shared, as under torch."""
 
 
 def _where(worker_id: int | None) -> str:

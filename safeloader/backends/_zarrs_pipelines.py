@@ -10,16 +10,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ZarrsStoreError
+
 _BUILT_IN = "_safeloader_built_in"  # pid of the process whose configuration built ``impl``
 _READY_IN = "_safeloader_ready_in"  # pid of the process that brought the pipeline up to date
 _DELEGATE = "_safeloader_python_pipeline"  # zarr-python pipeline standing in, if any
 
 # zarrs passes these store types to Rust by class name; only LocalStore is a plain file.
 LOCAL_STORE = "LocalStore"
-
-
-class ZarrsStoreError(RuntimeError):
-    """zarrs cannot read this array's store in a forked worker with the mode in force."""
 
 
 class _State:

@@ -17,6 +17,7 @@ from typing import Any
 from .. import _hooks, hook_names
 from .._context import ForkContext
 from .._options import Options
+from ..errors import Blosc2PoolError
 from ._backend import Backend
 from ._object_graph import find_instances
 
@@ -28,10 +29,6 @@ _EXTENSION = "blosc2_ext"
 """C-Blosc2's threads wait in this extension module (the C library is linked into it)."""
 _EXIT_WAIT = 0.05
 """Seconds a joined thread may still be listed by the kernel before it counts as alive."""
-
-
-class Blosc2PoolError(RuntimeError):
-    """blosc2's threads could not be stopped before a DataLoader worker fork."""
 
 
 @dataclass

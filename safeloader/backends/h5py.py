@@ -14,15 +14,11 @@ from .. import _hooks, hook_names
 from .._context import ForkContext, fork_context
 from .._options import Options
 from ..diagnostics.native_libraries import Library
+from ..errors import WritableFileWarning
 from . import _reopen
 from ._backend import Backend, Hazard
 
 NAME = hook_names.H5PY
-
-
-class WritableFileWarning(UserWarning):
-    """An HDF5 file open for writing in the parent while DataLoader workers fork."""
-
 
 
 Inodes = frozenset[tuple[int, int]]

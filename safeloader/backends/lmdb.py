@@ -12,16 +12,13 @@ from typing import Any
 from .. import _hooks, hook_names
 from .._context import ForkContext
 from .._options import Options
+from ..errors import LmdbWritableError
 from . import _reopen
 from ._backend import Backend
 from ._object_graph import find_instances
 
 NAME = hook_names.LMDB
 _MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
-
-
-class LmdbWritableError(RuntimeError):
-    """A Dataset holds an LMDB environment open for writing while forked workers start."""
 
 
 Plan = list[tuple[Any, Any, Any, str, dict[str, Any]]]

@@ -16,6 +16,7 @@ from .. import _hooks, forkstate, hook_names
 from .._context import ForkContext
 from .._imports import modules_state
 from ..diagnostics.native_libraries import Library
+from ..errors import PolarsForkError
 from . import _extension_copy, _polars_objects
 from ._backend import Backend
 from ._polars_objects import PolarsInheritedObjectError
@@ -29,10 +30,6 @@ SUPPORTED = ((2, 0), (3, 0))
 RUNTIME_THREAD = re.compile(r"^(polars-\d+$|tokio-|async-executor)")
 
 __all__ = ["BACKEND", "NAME", "PolarsForkError", "PolarsInheritedObjectError", "worker_runtime"]
-
-
-class PolarsForkError(RuntimeError):
-    """polars cannot be made safe in this forked worker."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 from .. import hook_names
 from .._context import ForkContext, fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
+from ..errors import ForkedAcceleratorError
 from . import _lazy_stacks, _numpy_random_lock
 from ._backend import Backend, Hazard
 from ._generator_lock import default_mutex, release_abandoned
@@ -21,10 +22,6 @@ from ._generator_lock import default_mutex, release_abandoned
 NAME = hook_names.TORCH
 
 __all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators"]
-
-
-class ForkedAcceleratorError(RuntimeError):
-    """A forked DataLoader worker used an accelerator the parent had initialised."""
 
 
 class _RefuseLazyInit:

@@ -17,6 +17,7 @@ from .._context import ForkContext
 from .._imports import modules_state
 from .._options import ZARRS_MODES
 from ..diagnostics.native_libraries import Library
+from ..errors import ZarrsFallbackWarning
 from . import _zarrs_layout, _zarrs_native, _zarrs_pipelines
 from ._backend import Backend, Hazard
 from ._zarrs_layout import SUPPORTED_VERSIONS
@@ -26,10 +27,6 @@ NAME = hook_names.ZARRS
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 
 __all__ = ["BACKEND", "NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "worker_mode"]
-
-
-class ZarrsFallbackWarning(RuntimeWarning):
-    """The requested zarrs mode cannot be set up; workers use a slower one."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UnsafeForkWarning
+
 __all__ = ["Hazard", "UnsafeForkWarning", "dead_worker_error", "remedies"]
-
-
-class UnsafeForkWarning(RuntimeWarning):
-    """Workers are forked from (or, to avoid that, not forked from) a parent holding a pool that no
-    safeloader backend resets."""
 
 
 @dataclass(frozen=True)
