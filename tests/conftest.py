@@ -63,6 +63,89 @@ def pytest_unconfigure(config):
     _use_tmpdir(config._safeloader_tmpdir_before)
 
 
+# -- the order: each test process starts with its share of the longest tests --------------------
+# pytest-xdist's worksteal scheduler gives each worker a contiguous share of the collection (in
+# collection order), and a worker that runs out takes the second half of the longest remaining
+# queue (by count). A long test late in a share ran alone at the end of the session (Ray Train's,
+# one to three minutes, is in the middle of the alphabet), with the other workers idle. Each share
+# is reordered here to begin with the longest tests, dealt over the shares as evenly as their
+# durations allow; the others keep their order (one module's tests stay together: its
+# module-scoped fixtures start once). Only the order changes: every test runs, as before.
+
+LONGEST = {
+    # Test (a node id, or a test function's for all its parameters) -> seconds it took in
+    # `make test` (-n 6 on 2 cores, load about 20): roughly, they only order the tests.
+    "tests/test_ray_accelerate.py::test_ray_train_hangs_without_install_and_every_rank_reads_its_shard_with_"
+    "install_in_the_train_function": 190,
+    "tests/test_trainers.py::test_loader_pickles_where_torch_does[spawn-context]": 100,
+    "tests/test_benchmark_harness.py::test_suite_runs_on_a_tiny_configuration_and_writes_json_table_and_chart": 80,
+    "tests/test_demo.py::test_demo_table_shows_safeloader_correct_for_every_format_and_leaves_no_file": 65,
+    "tests/test_interrupts.py::test_every_start_after_an_interrupt_storm_works_and_no_worker_is_left": 55,
+    "tests/test_interrupts.py::test_a_keyboard_interrupt_in_each_builtin_hooks_parent_phase_reaches_the_user_"
+    "and_the_next_start_works": 55,
+    "tests/test_h5py.py::test_same_dataset_works_under_forkserver_and_spawn": 55,
+    "tests/test_temp_folder.py::test_a_test_session_with_workers_leaves_the_temporary_folder_as_it_found_it": 55,
+    "tests/test_fsspec.py::test_s3_filesystem_made_in_init_works_in_4_workers": 50,
+    "tests/test_loader_parity.py::test_explicit_spawn_context_is_respected": 50,
+    "tests/test_watchdog.py::test_spawned_workers_are_watched_too": 50,
+    "tests/test_lmdb.py::test_environment_is_reopened_in_spawn_workers_and_writable_ones_are_refused": 45,
+    "tests/test_aborting_libraries.py::test_numba_remedy_is_named_and_its_workqueue_layer_forks_with_no_warning": 45,
+    "tests/test_benchmark_harness.py::test_executors_scenario_reports_epoch_and_first_batch_side_by_side": 45,
+    "tests/test_trainers.py::test_lightning_ddp_on_cpu_rebuilds_safe_loaders_with_distributed_sampler": 40,
+    "tests/test_watchdog_false_positives.py::test_a_stopped_job_longer_than_stall_timeout_completes": 35,
+    "tests/test_aborting_libraries.py::test_safeloader_names_the_library_and_starts_forkserver_workers_with_"
+    "correct_data": 35,
+    "tests/test_user_signals.py::test_a_user_sigcont_handler_installed_after_a_loader_causes_no_false_stall": 35,
+    "tests/test_user_signals.py::test_a_seven_second_stop_with_a_user_sigcont_handler_is_not_a_stall": 35,
+    "tests/test_openmp_release.py::test_lightgbm_imported_first_predicts_in_workers_what_the_parent_predicts": 35,
+    "tests/test_openmp_release.py::test_lightgbm_imported_first_hangs_torchs_workers": 35,
+    "tests/test_gc_freeze.py::test_worker_collection_copies_parent_objects_under_torch_loader": 30,
+    "tests/test_fsspec.py::test_same_s3_dataset_under_torch_loader_fails": 30,
+    "tests/test_openmp_release.py::test_a_renamed_copy_loaded_before_torch_and_torchs_own_both_run_full_teams_in_"
+    "workers": 30,
+    "tests/test_library_pools_under_fork.py::test_torchs_loader_hangs_after_the_parent_used_the_pool": 30,
+    "tests/test_aborting_libraries.py::test_torchs_workers_are_terminated_by_the_library": 30,
+    "tests/test_doctor_thread_names.py::test_the_console_script_does_not_call_openblas_threads_named_after_it": 30,
+    "tests/test_ray_accelerate.py::test_accelerate_without_install_hangs_after_the_training_process_decoded": 25,
+}
+
+
+def _seconds(item: pytest.Item) -> float:
+    return LONGEST.get(item.nodeid) or LONGEST.get(item.nodeid.split("[", 1)[0]) or 0.0
+
+
+def _shares(count: int, workers: int) -> list[int]:
+    """The sizes of the shares worksteal first sends the workers: each gets what is left over the
+    workers left (xdist.scheduler.worksteal, check_schedule)."""
+    sizes = []
+    for left in range(workers, 0, -1):
+        sizes.append((count - sum(sizes)) // left)
+    return sizes
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected theirs: the shares are of what runs
+def pytest_collection_modifyitems(config, items):
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    if workers < 2:  # not a pytest-xdist worker (its --dist is make test's worksteal)
+        return
+    sizes = _shares(len(items), workers)
+    longest = sorted((item for item in items if _seconds(item)), key=_seconds, reverse=True)
+    heads: list[list[pytest.Item]] = [[] for _ in sizes]
+    load = [0.0] * len(sizes)
+    for item in longest:  # each to the share with the least so far that has room
+        share = min((i for i in range(len(sizes)) if len(heads[i]) < sizes[i]), key=lambda i: load[i])
+        heads[share].append(item)
+        load[share] += _seconds(item)
+    chosen = {id(item) for item in longest}
+    rest = iter([item for item in items if id(item) not in chosen])
+    ordered = []
+    for head, size in zip(heads, sizes):
+        ordered += head
+        ordered += [next(rest) for _ in range(size - len(head))]
+    assert len(ordered) == len(items)
+    items[:] = ordered
+
+
 def _is_multiprocessing_service(process: psutil.Process) -> bool:
     """multiprocessing's resource tracker and forkserver live as long as the test process."""
     command = " ".join(process.cmdline())
@@ -82,11 +165,29 @@ def subprocess_deadline(request):
     subproc.warm_allowed = True
 
 
+_forks = 0
+"""Forks of this test process (DataLoader workers, os.fork; subprocess's fork-exec runs no at-fork code)."""
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(before=_count_fork)
+
+
+def _held() -> tuple[int, set[str], set[str]]:
+    """What an unreferenced iterator (or other garbage) can hold: forks so far, this process's threads
+    (native ones included) and open descriptors."""
+    return _forks, set(os.listdir("/proc/self/task")), set(os.listdir("/proc/self/fd"))
+
+
 @pytest.fixture(autouse=True)
 def no_orphan_processes():
     """Fail a test that leaves a child process (a DataLoader worker) running."""
+    forks, threads, fds = _held()
     yield
-    gc.collect()  # drop unreferenced iterators, so torch shuts their workers down
     me = psutil.Process()
 
     def leftovers():
@@ -102,6 +203,15 @@ def no_orphan_processes():
                 continue
         return found
 
+    # Drop unreferenced iterators, so torch shuts their workers down, and any garbage the test left
+    # holding a thread or a descriptor (a later test's fork would see it). A full collection walks
+    # every object of this process (400,000 and more: torch, zarr, polars... which the test modules
+    # import), 0.3 to 0.8 CPU-seconds, at each of the suite's ~580 teardowns: minutes of CPU. It runs
+    # after a test that forked here, or that left a child process, a thread or a descriptor that was
+    # not there before. The others (most: their children, run by tests/subproc.py, ended) hold none.
+    now_forks, now_threads, now_fds = _held()
+    if now_forks != forks or now_threads - threads or now_fds - fds or leftovers():
+        gc.collect()
     deadline = time.monotonic() + 10
     while True:
         children = leftovers()

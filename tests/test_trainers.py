@@ -13,19 +13,18 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import json
 import os
 import pickle
 import sys
 
-import lightning  # in the test extra
 import numpy as np
 import pytest
 import torch
 import zarr
-from lightning.fabric.utilities import data as fabric_data
-from lightning.pytorch.utilities import data as pytorch_data
 from torch.utils.data import DataLoader as TorchDataLoader  # imported before any install(), as trainers do
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -35,6 +34,12 @@ from safeloader import SafeDataLoader
 from .subproc import run_script
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
+
+# lightning (in the test extra) is imported by the tests that use it, not at collection: with what
+# it imports (scipy, sympy, matplotlib, torchmetrics) it costs about 5 CPU-seconds and 200,000
+# objects, which every test process of the suite imported, and every full collection there walked.
+FABRIC_DATA = "lightning.fabric.utilities.data"
+PYTORCH_DATA = "lightning.pytorch.utilities.data"
 
 
 class Numbered(Dataset):
@@ -122,9 +127,11 @@ def init_arguments(loader) -> dict[str, object]:
     return values
 
 
-@pytest.mark.parametrize("module", [pytorch_data, fabric_data], ids=["lightning.pytorch", "lightning.fabric"])
+@pytest.mark.parametrize("module", [PYTORCH_DATA, FABRIC_DATA], ids=["lightning.pytorch", "lightning.fabric"])
 @pytest.mark.parametrize("built_in_hook", [False, True], ids=["plain", "built-in-*_dataloader-hook"])
 def test_lightning_rebuild_with_distributed_sampler_returns_equal_safe_loader(module, built_in_hook):
+    module = importlib.import_module(module)
+    fabric_data = importlib.import_module(FABRIC_DATA)
     dataset = Numbered()
     if built_in_hook:
         # Lightning records the init arguments of loaders built inside its
@@ -152,7 +159,7 @@ def test_lightning_rebuilt_loader_is_armed_and_reads_its_shard(tmp_path):
     loader = SafeDataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, zarrs_mode="serial")
     sampler = DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=True, seed=11)
 
-    rebuilt = pytorch_data._update_dataloader(loader, sampler)
+    rebuilt = importlib.import_module(PYTORCH_DATA)._update_dataloader(loader, sampler)
     seen, readers = [], set()
     for indices, pids in rebuilt:
         seen += indices.tolist()
@@ -162,27 +169,36 @@ def test_lightning_rebuilt_loader_is_armed_and_reads_its_shard(tmp_path):
     assert readers == set(armed.pids()) and sorted(armed.pids().values()) == [0, 1]
 
 
-class TinyRegression(lightning.LightningModule):
-    """A one-layer model that records which dataset indices it trained on."""
+@functools.cache
+def tiny_regression() -> type:
+    """The LightningModule class below (defined on first use: see FABRIC_DATA)."""
+    import lightning
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[int] = []
-        self.reader_pids: set[int] = set()
+    class TinyRegression(lightning.LightningModule):
+        """A one-layer model that records which dataset indices it trained on."""
 
-    def training_step(self, batch, batch_index):
-        indices, pids = batch
-        self.seen += indices.tolist()
-        self.reader_pids |= set(pids.tolist())
-        x = indices.float().unsqueeze(1)
-        return torch.nn.functional.mse_loss(self.layer(x), 2 * x)
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[int] = []
+            self.reader_pids: set[int] = set()
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-4)
+        def training_step(self, batch, batch_index):
+            indices, pids = batch
+            self.seen += indices.tolist()
+            self.reader_pids |= set(pids.tolist())
+            x = indices.float().unsqueeze(1)
+            return torch.nn.functional.mse_loss(self.layer(x), 2 * x)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    return TinyRegression
 
 
-def quiet_trainer(**kwargs) -> lightning.Trainer:
+def quiet_trainer(**kwargs):
+    import lightning
+
     return lightning.Trainer(
         accelerator="cpu",
         max_epochs=1,
@@ -196,7 +212,7 @@ def quiet_trainer(**kwargs) -> lightning.Trainer:
 
 def test_lightning_fit_runs_one_epoch_on_armed_workers(tmp_path):
     armed = ArmedWorkers(tmp_path)
-    model = TinyRegression()
+    model = tiny_regression()()
     loader = SafeDataLoader(Numbered(16), batch_size=4, shuffle=True, num_workers=2, zarrs_mode="serial")
     trainer = quiet_trainer(devices=1, default_root_dir=str(tmp_path))
 
