@@ -139,19 +139,18 @@ class Blosc2Backend(Backend):
         self._schunks[loader] = _unique(schunk for _holder, _key, schunk in found)
 
     def before(self, ctx: ForkContext) -> _Plan | None:
-        context = ctx
-        if context is None:
+        if ctx is None:
             return None
         import blosc2
         from blosc2 import blosc2_ext
 
-        budget = context.options.threads_per_worker(context.num_workers)
+        budget = ctx.options.threads_per_worker(ctx.num_workers)
         # The plan is this fork's before anything is lowered: after_in_parent restores what was,
         # whatever stops `before` (an error, an interrupt).
         plan = _Plan(1, int(blosc2.nthreads), budget)
         self.set_plan(plan)
         plan.global_threads = int(blosc2_ext.set_nthreads(1))
-        loader = context.loader
+        loader = ctx.loader
         known = self._schunks.get(loader, []) if loader is not None else []
         _lower(known, plan)
         if not _pool_threads():

@@ -88,8 +88,7 @@ class FilesBackend(Backend):
         self._held: weakref.WeakKeyDictionary[Any, frozenset[int] | str] = weakref.WeakKeyDictionary()
 
     def before(self, ctx: ForkContext) -> Any:
-        context = ctx
-        held = self._held.get(context.loader, _held_files.EVERY_FILE) if context is not None else _held_files.EVERY_FILE
+        held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
         if isinstance(held, frozenset):
             return _record_held(held) or self.NOTHING_TO_DO
         # A file's access mode never changes: one the parent holds read-only now is read-only in the

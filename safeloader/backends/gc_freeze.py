@@ -24,8 +24,7 @@ class GcBackend(Backend):
     description = "each worker freezes the objects it inherits (no copy-on-write by its garbage collections)"
 
     def before(self, ctx: ForkContext) -> bool | None:
-        context = ctx
-        if context is None or not context.options.freeze_gc or not gc.isenabled():
+        if ctx is None or not ctx.options.freeze_gc or not gc.isenabled():
             return None  # the program paused collection itself: left as it is, here and in the worker
         # Paused, not frozen: no collection runs in the worker before it freezes what it inherited,
         # and the parent's generations stay as they were (unfreezing here would move every young
@@ -43,9 +42,8 @@ class GcBackend(Backend):
             gc.enable()
 
     def after_in_child(self, ctx: ForkContext, plan: bool | None) -> None:
-        context = ctx
         # Objects the program froze itself are left to it (gc.get_freeze_count() > 0), as in the parent.
-        if context is not None and context.options.freeze_gc and gc.get_freeze_count() == 0:
+        if ctx is not None and ctx.options.freeze_gc and gc.get_freeze_count() == 0:
             gc.freeze()
         if plan is PAUSED:
             gc.enable()

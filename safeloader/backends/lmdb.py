@@ -119,10 +119,9 @@ class LmdbBackend(Backend):
         plan_start(loader, options, start_method, self._plans)
 
     def before(self, ctx: ForkContext) -> Plan | None:
-        context = ctx
-        if context is None or context.loader is None:
+        if ctx is None or ctx.loader is None:
             return None
-        return self._plans.get(context.loader) or self.NOTHING_TO_DO
+        return self._plans.get(ctx.loader) or self.NOTHING_TO_DO
 
     def after_in_child(self, ctx: ForkContext, plan: Plan | None) -> None:
         if plan:

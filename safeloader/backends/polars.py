@@ -128,10 +128,9 @@ class PolarsBackend(Backend):
         return self._references
 
     def before(self, ctx: ForkContext) -> Plan | None:
-        context = ctx
-        if context is None:
+        if ctx is None:
             return None
-        threads = context.options.threads_per_worker(context.num_workers)
+        threads = ctx.options.threads_per_worker(ctx.num_workers)
         return self._plan(forkstate.record(ctx), threads)
 
     def _plan(self, state: forkstate.ForkState, threads: int) -> Plan:

@@ -151,8 +151,7 @@ class PyavBackend(Backend):
 
     def before(self, ctx: ForkContext) -> _Plan | None:
         # Once per loader start (plan_per_start): the containers its Dataset holds.
-        context = ctx
-        loader = context.loader if context is not None else None
+        loader = ctx.loader if ctx is not None else None
         return make_plan(getattr(loader, "dataset", None)) if loader is not None else None
 
     def uncovered(self, loader: Any) -> str:

@@ -113,14 +113,13 @@ class ThreadpoolsBackend(Backend):
         self._warned_unreleased: set[str] = set()  # libgomp copies already warned about in this process
 
     def before(self, ctx: ForkContext) -> _Plan | None:
-        context = ctx
-        if context is None:
+        if ctx is None:
             return None
-        budget = context.options.threads_per_worker(context.num_workers)
+        budget = ctx.options.threads_per_worker(ctx.num_workers)
         # torch's own threads get a budget only when the user set one: torch.set_num_threads(n > 1)
         # starts n - 1 threads of torch's at once (its pthreadpool), in every worker at its start
         # (1.17x torch's warm start with 16 cores and 4 workers, against 1.11x without).
-        torch_threads = budget if context.options.thread_budget is not None else 1
+        torch_threads = budget if ctx.options.thread_budget is not None else 1
         state = forkstate.record(ctx)
         # GNU OpenMP: a pool this thread started would be the worker's, counting threads it does not
         # have. Released here, on the forking thread, right before the fork (only where a pool may be

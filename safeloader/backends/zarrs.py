@@ -202,16 +202,15 @@ class ZarrsBackend(Backend):
         return live
 
     def before(self, ctx: ForkContext) -> Plan | None:
-        context = ctx
-        if context is None:  # only armed worker forks run this hook
+        if ctx is None:  # only armed worker forks run this hook
             return None
-        requested = context.options.zarrs_mode
+        requested = ctx.options.zarrs_mode
         _zarrs_pipelines.patch()  # here, once per process, not in each worker
         # Only a runtime with threads needs the spare copy: a worker forked before zarrs' pool
         # started builds its own from the module it inherits (and the parent loads no copy).
         live = requested == "pool" and self.runtime_live(ctx)
         mode = self.resolve_mode(requested, copy=live)
-        threads = context.options.threads_per_worker(context.num_workers)
+        threads = ctx.options.threads_per_worker(ctx.num_workers)
         if mode == "pool" and live:
             return Plan(mode, threads, self._spare, self.current_bindings())
         return Plan(mode, threads, None)
