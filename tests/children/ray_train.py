@@ -9,6 +9,7 @@ each rank writes <run>/rank-<rank>.json; armed workers append their pid to <run>
 
 import json
 import os
+import socket
 import sys
 
 import numpy as np  # noqa: F401
@@ -53,7 +54,17 @@ import ray  # noqa: E402
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
 
-ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+# CI runs two suites side by side, each with its own Ray cluster. Ray Train's helper actors look
+# for "the" local cluster when no address is set, find both and fail ("Found multiple active Ray
+# instances"): this run's cluster gets a port chosen here, and every worker of the job its address.
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    gcs_port = probe.getsockname()[1]
+os.environ["RAY_GCS_SERVER_PORT"] = str(gcs_port)
+ray.init(
+    num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+    runtime_env={"env_vars": {"RAY_ADDRESS": f"127.0.0.1:{gcs_port}"}},
+)
 try:
     dataset = ZarrBlocks(PATH)
     dataset[0]  # the driver reads too, as users check their data
