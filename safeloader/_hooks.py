@@ -132,6 +132,7 @@ def register_planned(
     after_in_child: Callable[..., object] | None,
     name: str,
     first: bool = False,
+    last: bool = False,
     runs_after: Iterable[str] = (),
     requires: Iterable[str] = (),
     description: str = "",
@@ -152,7 +153,7 @@ def register_planned(
             "at every fork"
         )
     return _register(
-        before, after_in_parent, after_in_child, name, first, False, runs_after, False, requires, True,
+        before, after_in_parent, after_in_child, name, first, last, runs_after, False, requires, True,
         description, planned=True, per_start=per_start, fast_fork=fast_fork,
     )
 

@@ -121,6 +121,10 @@ class Blosc2Backend(Backend):
     description = "blosc2's thread pools are stopped around each fork; each worker starts its own, within the budget"
     requires = ("blosc2",)
     libraries = ("blosc2",)  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2
+    # Outermost: its `before` stops blosc2's threads before any other hook looks at the parent's threads
+    # (forkstate's record, which threadpools, polars and zarrs plan from and the worker reads as its
+    # parent's state: those threads are gone at the fork); its `after_in_parent` restarts them last.
+    last = True
 
     def __init__(self) -> None:
         # loader -> the SChunks to lower before each of its worker forks (the Dataset's, at its
