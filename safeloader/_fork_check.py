@@ -15,7 +15,7 @@ import warnings
 import weakref
 from typing import Any
 
-from . import _hooks, _imports, backends, forkstate, hook_names, native
+from . import _hooks, _imports, backends, forkstate, native
 from ._options import Options
 from .backends import threadpools
 from .backends._backend import Backend
@@ -113,7 +113,7 @@ def _state_key(options: Options) -> tuple[Any, ...] | None:
     (its backend off: its pool can come to life on threads that were already there), or where the
     dynamic loader's counters cannot be read."""
     counters = native.loaded_counters()
-    if counters is None or not _backend_active(hook_names.THREADPOOLS, options):
+    if counters is None or not _backend_active(threadpools.NAME, options):
         return None
     return (
         native.foreign_thread_ids(), counters, _imports.modules_state(), _hooks.version,
@@ -142,7 +142,7 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
-    if not _backend_active(hook_names.THREADPOOLS, options):
+    if not _backend_active(threadpools.NAME, options):
         state = forkstate.snapshot(pools=False, count_frozen=False)
         # Off because threadpoolctl is missing: say so, with the command that installs it.
         why = threadpools.status().partition("inactive: ")[2]

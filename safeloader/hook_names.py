@@ -1,4 +1,8 @@
-"""The names of safeloader's own fork hooks: what ``disable_hooks=`` and ``safeloader.disable`` take."""
+"""The names of safeloader's own fork hooks: what ``disable_hooks=`` and ``safeloader.disable`` take.
+
+Each backend's module names its own hook (``NAME``); these constants are kept for code that imports
+them and for modules below the backends, which cannot import one. A new backend needs none here.
+"""
 
 WATCHDOG = "watchdog"
 FORKSTATE = "forkstate"

@@ -52,7 +52,7 @@ class Backend:
     """
 
     name: ClassVar[str]
-    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``); a constant of ``hook_names``."""
+    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``)."""
     description: ClassVar[str]
     """What it does for a worker, in one line (``doctor``'s hook table)."""
     requires: ClassVar[tuple[str, ...]] = ()

@@ -14,14 +14,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _hooks, hook_names
+from .. import _hooks
 from .._context import ForkContext
 from .._options import Options
 from ..errors import Blosc2PoolError
 from ._backend import Backend
 from ._object_graph import find_instances
 
-NAME = hook_names.BLOSC2
+NAME = "blosc2"
 
 __all__ = ["BACKEND", "NAME", "Blosc2PoolError"]
 
@@ -117,7 +117,7 @@ def _all_schunks(schunk_type: type) -> list[Any]:
 
 
 class Blosc2Backend(Backend):
-    name = hook_names.BLOSC2
+    name = NAME
     description = "blosc2's thread pools are stopped around each fork; each worker starts its own, within the budget"
     requires = ("blosc2",)
     libraries = ("blosc2",)  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2

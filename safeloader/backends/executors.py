@@ -11,11 +11,10 @@ import sys
 import threading
 from typing import Any, NamedTuple
 
-from .. import hook_names
 from .._context import ForkContext
 from ._backend import Backend
 
-NAME = hook_names.EXECUTORS
+NAME = "executors"
 
 __all__ = ["BACKEND", "NAME"]
 

@@ -19,7 +19,7 @@ from .._options import Options
 from .._torch_internals import PIN_MEMORY_MODULE
 from ._backend import Backend, Hazard
 
-NAME = hook_names.PIN_MEMORY
+NAME = "pin_memory"
 WAIT_SECONDS = 30.0
 """How long a fork waits for pin-memory calls in progress; then it forks anyway, with a warning."""
 
@@ -146,7 +146,7 @@ def status() -> str:
 
 
 class PinMemoryBackend(Backend):
-    name = hook_names.PIN_MEMORY
+    name = NAME
     description = 'worker forks wait for pin-memory threads to leave pin_memory() (no lock inherited held)'
     # Its `before` runs last (only the watchdog's clock after it), right before the fork, and its
     # `after_in_parent` first, so pin threads wait as briefly as possible.

@@ -12,13 +12,14 @@ import stat
 import sys
 from typing import Any
 
-from .. import hook_names, native
+from .. import native
 from .._context import ForkContext
 from .._hooks import FastFork
 from . import _descriptors
 from ._backend import Backend
+from .pin_memory import NAME as PIN_MEMORY
 
-NAME = hook_names.SOCKETS
+NAME = "sockets"
 
 # Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
 _TCP_CLOSE = 7
@@ -150,7 +151,7 @@ def _reconnect_http_client_connections() -> None:
 
 
 class SocketsBackend(Backend):
-    name = hook_names.SOCKETS
+    name = NAME
     description = (
         "each worker's inherited TCP/TLS connections that received data look closed by the server: clients "
         "reconnect; write-only streams stay shared"
@@ -159,7 +160,7 @@ class SocketsBackend(Backend):
     # handler) that closes a TLS connection must write its close_notify into
     # the stand-in, not into the parent's stream. Inside the pin-memory gate.
     first = True
-    runs_after = (hook_names.PIN_MEMORY,)
+    runs_after = (PIN_MEMORY,)
 
     def before(self, ctx: ForkContext) -> Any:
         # A socket's family and type never change (whether it is connected does: the worker checks).

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from typing import Any, NoReturn
 
-from .. import hook_names
 from .._context import ForkContext, fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ..errors import ForkedAcceleratorError
@@ -19,7 +18,7 @@ from . import _lazy_stacks, _numpy_random_lock
 from ._backend import Backend, Hazard
 from ._generator_lock import default_mutex, release_abandoned
 
-NAME = hook_names.TORCH
+NAME = "torch"
 
 __all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators"]
 
@@ -47,7 +46,7 @@ class _RefuseLazyInit:
 
 
 class TorchBackend(Backend):
-    name = hook_names.TORCH
+    name = NAME
     description = (
         "a worker that touches CUDA/XPU initialised in the parent gets a clear error; torch's random "
         "generator lock and numpy's global RandomState, held by another parent thread at the fork, are made "

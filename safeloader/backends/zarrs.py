@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import _hooks, forkstate, hook_names
+from .. import _hooks, forkstate
 from .._context import ForkContext
 from .._imports import modules_state
 from .._options import ZARRS_MODES
@@ -23,7 +23,7 @@ from ._backend import Backend, Hazard
 from ._zarrs_layout import SUPPORTED_VERSIONS
 from ._zarrs_pipelines import ZarrsStoreError, worker_mode
 
-NAME = hook_names.ZARRS
+NAME = "zarrs"
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 
 __all__ = ["BACKEND", "NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "worker_mode"]
@@ -40,7 +40,7 @@ class Plan:
 
 
 class ZarrsBackend(Backend):
-    name = hook_names.ZARRS
+    name = NAME
     description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
     plan_per_start = True
     requires = ("zarrs",)
