@@ -16,7 +16,7 @@ from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ..errors import ForkedAcceleratorError
 from . import _lazy_stacks, _numpy_random_lock
 from ._backend import Backend, Hazard
-from ._generator_lock import default_mutex, release_abandoned
+from ._generator_lock import DefaultGeneratorLock
 
 NAME = "torch"
 
@@ -55,16 +55,19 @@ class TorchBackend(Backend):
     plan_per_start = True
     requires = ("torch",)
 
+    def __init__(self) -> None:
+        self.generator_lock = DefaultGeneratorLock()
+
     def before(self, ctx: ForkContext) -> tuple[str, ...]:
         """The accelerators the parent initialised: the worker refuses them."""
-        default_mutex()  # found here once, in the parent: every worker inherits it
+        self.generator_lock.address()  # found here once, in the parent: every worker inherits it
         return initialised_accelerators()
 
     def after_in_child(self, ctx: ForkContext, plan: tuple[str, ...] | None) -> None:
         # torch's worker loop seeds every accelerator next, each noting where the call came from by
         # reading the source of every frame: 2-3 ms and 300 pages of each worker's start, now none.
         _lazy_stacks.install_in_worker()
-        release_abandoned()  # before torch's worker loop seeds the generators (docs/internals.md)
+        self.generator_lock.release_abandoned()  # before torch's worker loop seeds the generators (docs/internals.md)
         _numpy_random_lock.release_abandoned()
         for accelerator in plan or ():
             module: Any = sys.modules.get(f"torch.{accelerator}")
