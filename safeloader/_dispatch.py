@@ -25,7 +25,6 @@ _child_failures: list[BaseException] = []
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
 # dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
-_parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
 
 
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
@@ -155,7 +154,7 @@ def _defer(arming: Arming, exc: BaseException) -> None:
 
 
 _LOGGING_RELEASE = ("logging", "_releaseLock")  # logging's after_in_parent at-fork callback
-_previous_unraisablehook: Callable[[Any], object] = sys.unraisablehook
+_previous_unraisablehook: Callable[[Any], object] = sys.unraisablehook  # the process's, restored at disarm
 
 
 def _on_unraisable(unraisable: Any) -> None:
@@ -305,7 +304,6 @@ def _close_fork(arming: Arming | None) -> None:
 
 
 def _on_after_in_child() -> None:
-    global _parent_failed_fork
     fast = _fast_in_child()
     if fast is not None:  # its parent's `before` took the C path: the rest is the start's
         contexts, fast_plans, start_plans, child_hooks = _local.fast_start
@@ -328,10 +326,10 @@ def _on_after_in_child() -> None:
     _local.fork_open = _local.fork_entered = False  # the parent closes its fork; _loader_lock is new
     _child_failures.clear()
     _context.worker = context
-    _parent_failed_fork = bool(getattr(_local, "parent_failed", False))
+    parent_failed = bool(getattr(_local, "parent_failed", False))  # the parent's `before` failed for this fork
     if context is not None:
         _import_locks.forget_imports_of_other_threads()  # before anything here imports
-    if _parent_failed_fork:
+    if parent_failed:
         _local.plans = _local.start_plans = NO_PLANS
         return  # the parent raises and shuts this worker down; run nothing here
     if context is not None:
