@@ -95,7 +95,7 @@ NO_PLANS: dict[str, Any] = {}
 """``local.plans`` outside a fork's hooks. A constant, not a new dict: no page the workers share is written."""
 worker: ForkContext | None = None
 """In a DataLoader worker: its context, for its whole life (set by ``_dispatch`` in the child)."""
-_installed = False
+_installed = False  # module state: install() arms every loader of the process
 
 
 def fork_context() -> ForkContext | None:

@@ -102,7 +102,8 @@ def hazards(options: Options, loader: Any = None) -> list[Hazard]:
 
 
 _last: tuple[tuple[Any, ...], tuple[Hazard, ...]] | None = None
-"""(``_state_key``, what ``hazards`` found) at its last call."""
+"""(``_state_key``, what ``hazards`` found) at its last call: module state, as what it depends on
+(threads, loaded libraries, backends) is the process's."""
 
 
 def _state_key(options: Options) -> tuple[Any, ...] | None:

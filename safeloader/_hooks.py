@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 
+# Module state: the registry is the process's, as os.register_at_fork's is (changed under _lock).
 _lock = threading.Lock()
 _hooks: dict[str, Hook] = {}
 _ordered: tuple[Hook, ...] = ()  # run order of the after_* phases; rebuilt on change

@@ -45,7 +45,8 @@ class _Patch:
 
 
 _patch: _Patch | None = None
-"""In effect while installed; set and cleared under ``_lock``."""
+"""In effect while installed; set and cleared under ``_lock``. Module state: torch's classes are
+patched once for the whole process."""
 
 
 def _armed(get_iterator: Callable[..., Any]) -> Callable[..., Any]:

@@ -35,7 +35,8 @@ def _raised_by_raise_statement(exc: BaseException) -> bool:
     return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] == opcode.opmap["RAISE_VARARGS"]
 
 
-_handler_codes: frozenset[Any] = frozenset()  # the code of each Python signal handler, when last looked up
+# The code of each Python signal handler when last looked up: module state, as handlers are the process's.
+_handler_codes: frozenset[Any] = frozenset()
 
 
 def _raised_by_signal_handler(exc: BaseException) -> bool:

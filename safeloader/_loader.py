@@ -257,7 +257,7 @@ def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
             popen.wait(_KILL_WAIT)
 
 
-_thread_workers_warned = False
+_thread_workers_warned = False  # module state: said once per process, whichever loader
 
 
 def _warn_thread_workers() -> None:

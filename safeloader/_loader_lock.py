@@ -13,6 +13,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# Module state: glibc's loader lock is the process's.
 # A C lock, entered only with ``with _lock`` over a few bytecodes: a signal handler's exception
 # (Ctrl-C) cannot leave it held, as it can a Condition's, whose enter and wait are Python code.
 _lock = threading.Lock()

@@ -14,7 +14,7 @@ import os
 import stat
 from typing import Any
 
-_fork_generation = 0
+_fork_generation = 0  # module state: the process's own count, as the C extension's is
 _counted_pid = os.getpid()  # the process _fork_generation was counted for
 
 
@@ -281,7 +281,7 @@ def signal_handler_address(signum: int) -> int:
     return 2 if caught & bit else 1 if ignored & bit else 0
 
 
-_linker: Any = None
+_linker: Any = None  # ctypes' types and the loader walk, made once per process
 
 
 def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:

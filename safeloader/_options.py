@@ -140,7 +140,7 @@ class Options:
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Options))
 """Every option, in declaration order: ``SafeDataLoader``'s keywords and attributes of these names."""
 
-_defaults = Options()
+_defaults = Options()  # module state: configure() sets the process's defaults
 
 
 def get_options() -> Options:

@@ -81,7 +81,7 @@ def missing() -> tuple[str, ...]:
     return tuple(lines)
 
 
-_checked = False
+_checked = False  # module state: once per process, as torch's names do not change while it runs
 
 
 def check() -> None:

@@ -87,7 +87,8 @@ class Library:
 
 _handled: dict[str, tuple[Known, ...]] = {}  # backend name -> its HANDLED entries (``handled_by``)
 version = 0
-"""Bumped by every ``handled_by``: what is known of a library may have changed."""
+"""Bumped by every ``handled_by``: what is known of a library may have changed. Module state, as the
+table is: the process's libraries, the process's backends."""
 
 
 def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:

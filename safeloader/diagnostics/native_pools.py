@@ -24,6 +24,7 @@ RUNTIME_SYMBOLS: dict[str, tuple[str, ...]] = {
     "tokio runtime": ("tokio::", "tokio_"),
 }
 
+# Module state below: caches of what this process loaded and imported.
 _runtimes: dict[str, tuple[str, ...]] = {}
 # File name of each extension module's shared object -> (its path as imported, module name),
 # for the sys.modules it was built from: rebuilt only after an import, with no file system

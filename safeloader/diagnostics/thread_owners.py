@@ -88,7 +88,7 @@ def _resolve(name: str) -> str | None:
 _PROCMAP_QUERY = 0xC0686611
 _PROCMAP_QUERY_SIZE = 104
 _UNKNOWN = -1
-_procmap_query = True  # until the kernel says it has no such request
+_procmap_query = True  # until the kernel says it has no such request (module state: the kernel's answer)
 
 
 def _vma_end(address: int) -> int | None:
@@ -118,6 +118,7 @@ def _vma_end(address: int) -> int | None:
     return struct.unpack_from("=Q", request, 32)[0]
 
 
+# Module state: the process's code segments and threads (a forked child starts over: _owners holds its pid).
 _segments: _Segments | None = None
 _owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it started in)
 _waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
