@@ -1,9 +1,5 @@
-"""Options of the built-in backends: global defaults, overridable per loader.
-
-``safeloader.configure(...)`` sets the process-wide defaults; the same names
-are keyword arguments of ``SafeDataLoader`` and win for that loader. Hooks
-read the resolved values from ``safeloader.fork_context().options``.
-"""
+"""Options of the built-in backends: process-wide defaults (``configure``), overridden per loader by the
+keywords of the same names; hooks read the resolved values from their ``ForkContext``."""
 
 from __future__ import annotations
 

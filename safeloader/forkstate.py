@@ -1,7 +1,5 @@
-"""What is live in a process at fork time: native threads, thread pools, accelerators.
-
-How it works and why: docs/internals.md, ``safeloader.forkstate``.
-"""
+"""What is live in a process at fork time: native threads, thread pools, accelerators
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -121,13 +119,8 @@ class ForkState:
 
 
 class _DynamicLinker:
-    """The loader's list of loaded objects, listed again only when something was loaded or unloaded.
-
-    Listing holds glibc's dynamic-loader lock, and a fork from another thread at that moment gives
-    a child that hangs at its first dlopen: each listing is a ``_loader_lock.section``, run with the
-    GIL released (forks wait for it) or, while another thread is inside a fork, with the GIL held
-    (that fork cannot reach ``fork()`` meanwhile, and this does not wait for its callbacks).
-    """
+    """The loader's list of loaded objects, listed again only when something was loaded or unloaded,
+    each listing a ``_loader_lock.section`` (why: docs/internals.md, ``safeloader._loader_lock``)."""
 
     def __init__(self) -> None:
         # The last full list, with the loader's (loads, unloads) counters when it was taken.
@@ -219,13 +212,8 @@ def _torch_facts() -> tuple[tuple[str, ...], int | None]:
 
 
 def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
-    """Describe this process's threads, pools and accelerators now (about 1 ms).
-
-    ``pools=True`` asks threadpoolctl (if installed) for the BLAS/OpenMP pools,
-    which costs about another millisecond; ``count_frozen=True`` counts the
-    objects frozen by ``gc.freeze()``, which walks them all. The fork hooks
-    pass False for both.
-    """
+    """Describe this process's threads, pools and accelerators now (about 1 ms; ``pools``: threadpoolctl's
+    pools, another ms; ``count_frozen``: walks the frozen objects). The fork hooks pass False for both."""
     return _snapshot(pools=pools, count_frozen=count_frozen)
 
 
@@ -328,11 +316,8 @@ def forget() -> None:
 
 
 def parent_state() -> ForkState | None:
-    """In a DataLoader worker: the parent's state just before it forked this worker.
-
-    None in a process that is not such a worker, when no hook recorded it (the "forkstate" hook
-    disabled), and after its hooks in a worker of a start safeloader did not arm.
-    """
+    """In a DataLoader worker: the parent's state just before it forked this worker; None elsewhere, when no
+    hook recorded it, and after its hooks in a worker of a start safeloader did not arm."""
     worker = _context.worker
     if worker is None:
         return None

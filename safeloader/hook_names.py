@@ -1,8 +1,5 @@
-"""The names of safeloader's own fork hooks: what ``disable_hooks=`` and ``safeloader.disable`` take.
-
-Each backend's module names its own hook (``NAME``); these constants are kept for code that imports
-them and for modules below the backends, which cannot import one. A new backend needs none here.
-"""
+"""The names of safeloader's own fork hooks (``disable_hooks=``, ``safeloader.disable``), kept for code
+importing them and for modules below the backends; each backend's module names its own (``NAME``)."""
 
 WATCHDOG = "watchdog"
 FORKSTATE = "forkstate"

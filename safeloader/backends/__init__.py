@@ -1,10 +1,5 @@
-"""Built-in backends: one module per native library, each declaring one ``Backend`` (``_backend``).
-
-A backend module imports nothing of its library at import time: its hook
-declares ``requires=(...)`` and runs only when the program imported the
-library. Adding a backend is adding its module: every module of this package
-without a leading underscore is one, and defines ``BACKEND``.
-"""
+"""Built-in backends: the modules of this package without a leading underscore, each defining
+``BACKEND``, a ``Backend`` that imports nothing of its library until the program did."""
 
 from __future__ import annotations
 

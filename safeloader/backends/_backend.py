@@ -1,12 +1,7 @@
 """The shape every backend declares: one small class per native library, its state on the instance.
 
-A backend says what it handles (``name``, ``description``), when it runs (``requires``, ``first``,
-``last``, ``runs_after``), and what it does around each worker fork: ``before`` decides in the parent what
-the worker needs and returns it, the fork's plan; ``after_in_parent`` and ``after_in_child`` receive
-that plan. ``prepare_start`` checks a loader before any worker exists; ``status`` and ``hazards`` speak
-for ``doctor``.
-``backends.register_builtin`` registers the built-ins; ``safeloader.register_backend`` registers yours.
-"""
+What it handles, when it runs and where around the fork, its phases (``before`` returns the fork's
+plan, ``after_*`` receive it), ``prepare_start``, and what it tells ``doctor`` (``status``, ``hazards``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""torch's default CPU generator's lock, left held in a forked worker by a parent thread that was
-drawing random numbers at the fork, made new there.
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""torch's default CPU generator's lock, left held in a forked worker by a parent thread that was drawing random
+numbers at the fork, made new there (why: docs/internals.md, ``safeloader.backends.torch_state``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.blosc2``.
-"""
+"""blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -92,10 +90,8 @@ def _pool_threads() -> int:
 
 
 def _all_schunks(schunk_type: type) -> list[Any]:
-    """Every SChunk of the process (by type, never ``isinstance``: a proxy's ``__class__`` runs code).
-
-    Objects frozen with ``gc.freeze()`` are not listed by the collector: they are unfrozen for
-    the scan and frozen again (with the young objects: freezing is only a performance hint)."""
+    """Every SChunk of the process, by type (never ``isinstance``: a proxy's ``__class__`` runs code),
+    frozen objects included (unfrozen for the scan)."""
     frozen = gc.get_freeze_count()
     if frozen:
         gc.unfreeze()

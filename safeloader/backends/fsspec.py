@@ -1,7 +1,5 @@
-"""fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.fsspec``.
-"""
+"""fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 

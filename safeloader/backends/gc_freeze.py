@@ -1,7 +1,5 @@
-"""The "gc" backend: each worker freezes the objects it inherits (option ``freeze_gc``).
-
-How it works and why: docs/internals.md, ``safeloader.backends.gc_freeze``.
-"""
+"""The "gc" backend: each worker freezes the objects it inherits (option ``freeze_gc``)
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 

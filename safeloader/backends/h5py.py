@@ -1,7 +1,4 @@
-"""h5py: HDF5 files opened in the parent work in every DataLoader worker.
-
-How it works and why: docs/internals.md, ``safeloader.backends.h5py``.
-"""
+"""h5py: HDF5 files opened in the parent work in every DataLoader worker (why: docs/internals.md)."""
 
 from __future__ import annotations
 

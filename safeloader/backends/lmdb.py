@@ -1,7 +1,4 @@
-"""LMDB: environments a Dataset opened in the parent work in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.lmdb``.
-"""
+"""LMDB: environments a Dataset opened in the parent work in forked workers (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""npz: ``np.load("x.npz")`` archives opened in the parent work in every worker.
-
-How it works and why: docs/internals.md, ``safeloader.backends.npz``.
-"""
+"""npz: ``np.load("x.npz")`` archives opened in the parent work in every worker (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging.
-
-How it works and why: docs/internals.md, ``safeloader.backends.polars``.
-"""
+"""Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 

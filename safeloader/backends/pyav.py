@@ -1,7 +1,4 @@
-"""PyAV: the containers a Dataset opened in the parent decode in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.pyav``.
-"""
+"""PyAV: the containers a Dataset opened in the parent decode in forked workers (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Sockets: no forked worker shares a TCP (or TLS) conversation with the parent; one-way streams stay shared.
-
-How it works and why: docs/internals.md, ``safeloader.backends.sockets``.
-"""
+"""Sockets: no forked worker shares a TCP (or TLS) conversation with the parent; one-way streams stay shared
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -123,16 +121,7 @@ class StandIns:
 
 
 def _reconnect_http_client_connections() -> None:
-    """Make inherited ``http.client`` connections reconnect on their next request.
-
-    http.client does not check a kept-alive connection before reusing it; it
-    reconnects only when its socket is None (after ``close()``). Wrapping
-    ``putrequest`` in this worker closes a connection whose socket was severed
-    just before its next request starts (urllib3's subclasses have already
-    replaced theirs by then, and are unaffected), and one whose socket is a
-    still-shared stream the parent connected but never read from: a request
-    starts a conversation whose response the parent or a sibling could read.
-    """
+    """Make inherited ``http.client`` connections reconnect on their next request (why: docs/internals.md)."""
     import http.client
 
     original = http.client.HTTPConnection.putrequest

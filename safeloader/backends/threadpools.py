@@ -1,8 +1,5 @@
-"""The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker.
-
-The pools themselves, found in the parent and lowered in each worker: ``_blas_pools``.
-How it works and why: docs/internals.md, ``safeloader.backends.threadpools``.
-"""
+"""The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker (the pools:
+``_blas_pools``) (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised, the random
-generators torch's worker loop seeds (torch's and numpy's global one) made new in the worker when another
-parent thread held their lock at the fork, and torch's accelerator modules note where a lazily queued
-call came from without reading every frame's source file (``_lazy_stacks``).
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""The "torch" backend: CUDA the parent initialised fails clearly in a worker; torch's and numpy's generator
+locks, held at the fork, are made new; lazy call stacks are formatted only if read (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -24,11 +19,8 @@ __all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initial
 
 
 class _RefuseLazyInit:
-    """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it.
-
-    Every use of the device goes through ``_lazy_init`` (torch's C++ looks it
-    up on the module at call time), so this is where the worker's first use lands.
-    """
+    """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it: every use
+    of the device goes through it (torch's C++ looks it up at call time)."""
 
     def __init__(self, accelerator: str) -> None:
         self.accelerator = accelerator
