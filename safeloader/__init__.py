@@ -1,14 +1,8 @@
 """safeloader: PyTorch DataLoader workers that fork fast and safely.
 
-``from safeloader import DataLoader`` gives ``SafeDataLoader``, a subclass of
-``torch.utils.data.DataLoader`` whose worker forks run registered fork hooks;
-built-in backends re-initialise native libraries (zarrs, h5py, npz, open
-files, BLAS/OpenMP pools) in each worker. ``safeloader.install()`` arms every
-DataLoader in the process.
-
-Importing safeloader is cheap: torch is imported on first use of the loader
-names, and no backend library is ever imported by safeloader itself.
-"""
+``from safeloader import DataLoader`` gives ``SafeDataLoader``, torch's DataLoader whose worker
+forks run registered fork hooks; ``safeloader.install()`` arms every DataLoader in the process.
+Importing it imports neither torch (until the loader is used) nor any backend library."""
 
 from __future__ import annotations
 
@@ -25,12 +19,8 @@ __version__ = "0.1.0"
 
 
 def configure(**options: object) -> Options:
-    """Set process-wide defaults for every loader; returns the previous ones.
-
-    Example: ``safeloader.configure(zarrs_mode="serial", thread_budget=2)``.
-    Pass the returned object's fields back to restore. Names of ``disable_hooks``
-    must be registered hooks.
-    """
+    """Set process-wide defaults for every loader, e.g. ``configure(zarrs_mode="serial", thread_budget=2)``;
+    returns the previous ones (pass their fields back to restore)."""
     updated = get_options().replace(**options)
     if "disable_hooks" in options:
         _hooks.check_hook_names(updated.disable_hooks)

@@ -1,7 +1,4 @@
-"""Locks an interrupted loader start can leave held by nobody, and their release.
-
-How it works and why: docs/internals.md, ``safeloader._abandoned_locks``.
-"""
+"""Locks an interrupted loader start can leave held by nobody, and their release (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What a fork's hooks are handed: its ``ForkContext``, and the loader start (``Arming``) it belongs to.
-
-``_dispatch`` makes them and hands each phase its context; the per-fork store behind ``set_plan``,
-``memo`` and ``hold_for_start`` lives here so that backends need nothing above this module.
-Why a thread-local at all: docs/internals.md, "The fork's context".
-"""
+"""What a fork's hooks are handed: its ``ForkContext``, and the loader start (``Arming``) it belongs to; the
+per-fork store behind ``set_plan`` and ``memo`` (why a thread-local: docs/internals.md, ``safeloader._dispatch``)."""
 
 from __future__ import annotations
 
@@ -95,7 +91,7 @@ NO_PLANS: dict[str, Any] = {}
 """``local.plans`` outside a fork's hooks. A constant, not a new dict: no page the workers share is written."""
 worker: ForkContext | None = None
 """In a DataLoader worker: its context, for its whole life (set by ``_dispatch`` in the child)."""
-_installed = False
+_installed = False  # module state: install() arms every loader of the process
 
 
 def fork_context() -> ForkContext | None:

@@ -1,26 +1,6 @@
 """During a loader start on the main thread, a signal handler's exception no user code could catch waits for its end.
 
-Ctrl-C (or any Python signal handler that raises) can land at any bytecode of a start: in
-safeloader's bookkeeping, in torch's code, in multiprocessing's or ``threading``'s own (seen: a
-lock left held that the next start waited on forever; ``Thread.start`` failing with a KeyError
-when one landed just after the new thread began). So each Python handler is wrapped for the
-start: it runs when the signal comes, as always, and what it raises is kept and raised once the
-start is over, undone (workers stopped) first, wherever no code of the user's could have caught
-it: where, walking out from the interrupted frame to the start's own (safeloader's), every frame
-is safeloader's, torch's or the standard library's. Raised there, it could only have propagated
-out of ``iter(loader)``; kept back, it does so once the start is undone. Where the user's code is among those frames
-(the sampler's ``__iter__``, which torch runs inside the start, and whatever it calls, torch's
-functions included), a handler of the user's raises there at once, as under torch's loader, so
-that code can catch it (a ``setitimer`` time bound, a SIGUSR1 "reload"); what it leaves held if it
-ends the start, ``_abandoned_locks`` releases. Python's own SIGINT handler (Ctrl-C, which no code
-waits to catch) is kept back wherever it lands in the start.
-
-A second signal while one waits raises at once: pressing Ctrl-C twice always gets out; so does
-the first one, ``GRACE_SECONDS`` later, in a start that does not end (a one-shot timeout must
-still get through a hang). Handlers set meanwhile, and handlers installed in C (faulthandler),
-are left as they are. A child forked during the start (a DataLoader worker) gets the handlers
-back at once: nothing of the start is its to undo.
-"""
+How it works and why: docs/internals.md, ``safeloader._deferred_signals``."""
 
 from __future__ import annotations
 

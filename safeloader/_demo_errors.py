@@ -43,13 +43,8 @@ def _original_exception(traceback_text: str) -> tuple[str, str] | None:
 
 
 def describe_error(error: BaseException, limit: int = ERROR_LIMIT) -> str:
-    """The error's type and its own message, e.g. "BadZipFile: Bad magic number for file header".
-
-    For an error torch re-raised from a worker, the worker's original exception
-    (its type and message, from the traceback torch carries as text), not the
-    wrapper's "Caught X in DataLoader worker process N." line. Long messages are
-    cut at a word boundary.
-    """
+    """The error's type and its own message (for one torch re-raised from a worker, the worker's
+    original), cut at a word boundary when long."""
     text = str(error).strip()
     if _ORIGINAL_TRACEBACK in text:
         original = _original_exception(text.split(_ORIGINAL_TRACEBACK, 1)[1])

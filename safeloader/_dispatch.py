@@ -1,8 +1,6 @@
-"""The fork dispatch: one ``os.register_at_fork`` registration that recognises each DataLoader worker
-fork and runs the registered hooks' phases (``_hooks``), handing each its fork's ``ForkContext`` and plan.
-
-How it works and why: docs/internals.md.
-"""
+"""The fork dispatch: one ``os.register_at_fork`` registration that recognises each DataLoader worker fork and
+runs the registered hooks' phases (``_hooks``), handing each its fork's ``ForkContext`` and plan
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -25,16 +23,11 @@ _child_failures: list[BaseException] = []
 # No lock is held around forks: a fork never waits for another thread's fork or its
 # at-fork callbacks. A fork waits only for safeloader's own short work holding glibc's
 # dynamic-loader lock with the GIL released (_loader_lock: enter_fork, leave_fork).
-_parent_failed_fork = False  # in a child: the parent's `before` failed for this fork
 
 
 def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
-    """Arm the worker forks this thread makes, until ``disarm``, as ``loader``'s, run with ``options``.
-
-    The returned ``Arming`` collects the hooks' errors and interrupts and counts the forks
-    recognised. On the main thread (the only one Python signal handlers run on), interrupts
-    CPython would only report to ``sys.unraisablehook`` are deferred into it too.
-    """
+    """Arm the worker forks this thread makes, until ``disarm``, as ``loader``'s, run with ``options``;
+    the ``Arming`` collects hook errors and interrupts (on the main thread, unraisable ones too)."""
     global _previous_unraisablehook
     arming = Arming(loader, options, watch)
     _local.arming = arming
@@ -45,11 +38,8 @@ def arm(loader: Any, options: Options, watch: Any = None) -> Arming:
 
 
 def disarm(arming: Arming) -> None:
-    """End the start ``arm`` began: close a fork whose ``after_in_parent`` an interrupt cut short
-    (its hooks' rollback, the fork guard), give back a lock ``logging`` left held, disarm.
-
-    Idempotent, so that a caller can run it again when an interrupt cut it short.
-    """
+    """End the start ``arm`` began: close a fork an interrupt cut short, give back a lock ``logging``
+    left held, disarm. Idempotent (an interrupt may cut it short too)."""
     if _fork_left_open():
         _close_fork(arming)
     if getattr(_local, "arming", None) is arming:
@@ -101,14 +91,11 @@ def _run_phase(
     hooks: tuple[Hook, ...] | None = None,
     start_plans: dict[str, Any] = NO_PLANS,
 ) -> list[HookError]:
-    """Run ``phase``'s callbacks. Their errors are returned as HookErrors; interrupts
-    (``is_interrupt``; in a worker: KeyboardInterrupt or a signal handler's exception) go to
-    ``interrupts``. Every hook runs either way, and an ``after_in_parent`` that was interrupted
-    runs again (it rolls back its ``before``: it must complete). A backend's ``before`` returns
-    its plan into ``plans``; its ``after_*`` receive it from there. ``planned_for_start``: the
-    ``per_start`` hooks' plans are in ``plans`` already, and their ``before`` is not run.
-    ``hooks``: exactly the hooks to run (``Arming.start_runs``), already known to run for this fork.
-    ``start_plans``: the start's ``per_start`` plans where this fork did not make them (its worker)."""
+    """Run ``phase``'s callbacks; their errors are returned as HookErrors, interrupts go to ``interrupts``.
+
+    Every hook runs either way; an interrupted ``after_in_parent`` runs again. A backend's plan goes
+    into, and comes from, ``plans``; ``planned_for_start``: the ``per_start`` plans are there already;
+    ``hooks``: exactly the hooks to run; ``start_plans``: the start's plans in its worker."""
     errors = []
     for hook in _hooks.by_phase(phase) if hooks is None else hooks:
         call = hook._calls[phase]
@@ -155,17 +142,12 @@ def _defer(arming: Arming, exc: BaseException) -> None:
 
 
 _LOGGING_RELEASE = ("logging", "_releaseLock")  # logging's after_in_parent at-fork callback
-_previous_unraisablehook: Callable[[Any], object] = sys.unraisablehook
+_previous_unraisablehook: Callable[[Any], object] = sys.unraisablehook  # the process's, restored at disarm
 
 
 def _on_unraisable(unraisable: Any) -> None:
-    """``sys.unraisablehook`` during a loader start on the main thread.
-
-    CPython reports here, then drops, an exception it cannot raise: one raised by an at-fork
-    callback (os.register_at_fork's: a signal handler's exception landing on a callback's first
-    instruction, before its ``try``), a ctypes callback or a ``__del__``. An interrupt reported
-    while this thread starts a loader is deferred to the loader, which raises it as itself.
-    """
+    """``sys.unraisablehook`` during a loader start on the main thread: an interrupt CPython could not
+    raise (in an at-fork or ctypes callback, a ``__del__``) is deferred to the loader."""
     arming = getattr(_local, "arming", None)
     exc = unraisable.exc_value
     if arming is not None and exc is not None:
@@ -305,7 +287,6 @@ def _close_fork(arming: Arming | None) -> None:
 
 
 def _on_after_in_child() -> None:
-    global _parent_failed_fork
     fast = _fast_in_child()
     if fast is not None:  # its parent's `before` took the C path: the rest is the start's
         contexts, fast_plans, start_plans, child_hooks = _local.fast_start
@@ -328,10 +309,10 @@ def _on_after_in_child() -> None:
     _local.fork_open = _local.fork_entered = False  # the parent closes its fork; _loader_lock is new
     _child_failures.clear()
     _context.worker = context
-    _parent_failed_fork = bool(getattr(_local, "parent_failed", False))
+    parent_failed = bool(getattr(_local, "parent_failed", False))  # the parent's `before` failed for this fork
     if context is not None:
         _import_locks.forget_imports_of_other_threads()  # before anything here imports
-    if _parent_failed_fork:
+    if parent_failed:
         _local.plans = _local.start_plans = NO_PLANS
         return  # the parent raises and shuts this worker down; run nothing here
     if context is not None:

@@ -1,9 +1,5 @@
-"""A loader start's later worker forks, recognised and checked in C (csrc/fast_fork.c).
-
-Each per-fork hook says what the C path must do for it (``Hook.fast_fork`` -> ``FastFork``); a start
-running a per-fork hook that declares nothing forks on the Python path. How it works and why:
-docs/internals.md, ``safeloader._fast_fork``.
-"""
+"""A loader start's later worker forks, recognised and checked in C (csrc/fast_fork.c), doing what each
+per-fork hook's ``FastFork`` says; one that declares none sends them down the Python path (why: docs/internals.md)."""
 
 from __future__ import annotations
 

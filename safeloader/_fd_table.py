@@ -1,15 +1,6 @@
 """A DataLoader worker's descriptor table, grown right after the fork while the worker has one thread.
 
-Linux keeps a process's descriptors in a table of 64 slots, then of a power of two, and grows it
-when a new descriptor's number does not fit. In a process with more than one thread it then waits
-for an RCU grace period first (``expand_fdtable`` in fs/file.c: ``synchronize_rcu()`` when the
-table is shared), measured at 10-25 ms on a 16-core machine. A forked worker inherits a table just
-large enough for its parent's descriptors, then opens its own (torch's shared-memory tensors and the
-sockets that pass them) with its queue-feeder and resource-sharer threads running: a parent whose
-descriptors end just below a power of two (a CUDA process: 46 of 64) makes each worker wait there,
-with torch's loader as with this one. Grown before any thread of the worker starts, the table costs
-one allocation and no wait.
-"""
+Why (a grown table waits for an RCU grace period once threads run): docs/internals.md, ``safeloader._fd_table``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``on_unsafe_fork``: before a loader forks its workers, what its parent holds that a forked worker
-would inherit broken and no backend resets; then raise, switch to a preloaded forkserver, or warn.
-
-How it works and why: docs/internals.md, "on_unsafe_fork".
-"""
+"""``on_unsafe_fork``: before a loader forks its workers, what its parent holds that a forked worker would
+inherit broken and no backend resets; then raise, switch to a preloaded forkserver, or warn (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import warnings
 import weakref
 from typing import Any
 
-from . import _hooks, _imports, backends, forkstate, hook_names, native
+from . import _hooks, _imports, backends, forkstate, native
 from ._options import Options
 from .backends import threadpools
 from .backends._backend import Backend
@@ -82,10 +79,7 @@ def _is_gomp(library: str) -> bool:
 
 def hazards(options: Options, loader: Any = None) -> list[Hazard]:
     """What this process holds that a forked worker of ``loader`` would inherit broken and no active
-    backend resets.
-
-    The last call's answer while nothing it depends on changed (``_state_key``): a warm start then
-    lists /proc/self/task once instead of reading /proc for each native thread."""
+    backend resets (the last answer while nothing it depends on changed)."""
     global _last
     key = _state_key(options)
     last = _last
@@ -102,18 +96,15 @@ def hazards(options: Options, loader: Any = None) -> list[Hazard]:
 
 
 _last: tuple[tuple[Any, ...], tuple[Hazard, ...]] | None = None
-"""(``_state_key``, what ``hazards`` found) at its last call."""
+"""(``_state_key``, what ``hazards`` found) at its last call: module state, as what it depends on
+(threads, loaded libraries, backends) is the process's."""
 
 
 def _state_key(options: Options) -> tuple[Any, ...] | None:
-    """What ``hazards(options)`` depends on, as one comparable value: the threads Python did not
-    start (by id: a thread's library does not change; Python's own come and go with every
-    start, its queues' feeder threads), the loaded libraries, the imported modules, which hooks
-    run, what is known of libraries, the options. None where GNU OpenMP's state is read instead
-    (its backend off: its pool can come to life on threads that were already there), or where the
-    dynamic loader's counters cannot be read."""
+    """What ``hazards(options)`` depends on, as one comparable value (docs/internals.md, ``safeloader._fork_check``);
+    None where GNU OpenMP's state is read instead, or the dynamic loader's counters cannot be read."""
     counters = native.loaded_counters()
-    if counters is None or not _backend_active(hook_names.THREADPOOLS, options):
+    if counters is None or not _backend_active(threadpools.NAME, options):
         return None
     return (
         native.foreign_thread_ids(), counters, _imports.modules_state(), _hooks.version,
@@ -142,7 +133,7 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
             if hazard is not None:
                 found.append(hazard)
                 _owners.append(hazard.package)
-    if not _backend_active(hook_names.THREADPOOLS, options):
+    if not _backend_active(threadpools.NAME, options):
         state = forkstate.snapshot(pools=False, count_frozen=False)
         # Off because threadpoolctl is missing: say so, with the command that installs it.
         why = threadpools.status().partition("inactive: ")[2]
@@ -158,13 +149,8 @@ _MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s
 
 
 def _forkserver_unusable(loader: Any) -> str | None:
-    """Why ``loader``'s workers cannot start under a forkserver, or None when they can.
-
-    A forkserver worker receives the Dataset (with collate_fn and worker_init_fn) pickled, and
-    first runs the main script again (as ``__mp_main__``), as spawn does: a script without an
-    ``if __name__ == "__main__":`` guard would start its loaders again there. A main module
-    with no file (``python -c``, a notebook) cannot be run again: nothing may come from it.
-    """
+    """Why ``loader``'s workers cannot start under a forkserver (no ``__main__`` guard, a main module
+    without a file), or None when they can."""
     from multiprocessing.reduction import ForkingPickler
 
     try:
@@ -191,11 +177,8 @@ def _forkserver_unusable(loader: Any) -> str | None:
 
 
 def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...]:
-    """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn.
-
-    Returns what its forked workers will lack (with "warn" and "ignore"): the stall watchdog
-    names a worker that waits in one of those libraries within seconds, and one that dies.
-    """
+    """Before ``loader`` forks its workers: raise, switch them to a preloaded forkserver, or warn; returns
+    what its forked workers will lack (with "warn" and "ignore"), for the stall watchdog."""
     policy = options.on_unsafe_fork
     if start_method != "fork":
         return ()
@@ -254,12 +237,8 @@ def _warn(loader: Any, found: list[Hazard], message: str) -> None:
 
 
 def forkserver_context(loader: Any) -> Any:
-    """multiprocessing's forkserver context, preloaded with torch, the Dataset's module and the
-    packages whose pools made the fork unsafe (imported in the server, their pools not started).
-
-    The preload list applies when the server starts (the first forkserver
-    start in this process); later loaders reuse the server.
-    """
+    """multiprocessing's forkserver context, preloaded with torch, the Dataset's module and the packages
+    whose pools made the fork unsafe (imported in the server, their pools not started)."""
     preload = list(PRELOAD)
     for module in [*(name for name in _owners if name in sys.modules), type(loader.dataset).__module__]:
         if module and module != "__main__" and module not in preload:

@@ -1,8 +1,5 @@
-"""What a fork hook is: ``Hook`` (its callbacks, order and conditions), ``FastFork`` (what the C path
-does in its place), ``NOTHING_TO_DO``, and the shapes a phase's callback may take.
-
-The registry that holds hooks, orders them and turns them on and off is ``_hooks``.
-"""
+"""What a fork hook is: ``Hook``, ``FastFork`` (what the C path does in its place), ``NOTHING_TO_DO``, and
+the shapes a phase's callback may take; the registry is ``_hooks``."""
 
 from __future__ import annotations
 

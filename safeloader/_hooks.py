@@ -1,9 +1,6 @@
-"""Fork hooks: registration, the order they run in, enabling and disabling.
+"""Fork hooks: registration (checked then, never at a fork), the order they run in, enabling and disabling.
 
-``_dispatch`` dispatches each fork's phases over ``by_phase()``; ``register_at_fork`` validates
-everything when a hook is registered, never when a fork happens. What a hook is (``Hook``,
-``FastFork``, ``NOTHING_TO_DO``, its callbacks' shapes): ``_hook_types``, re-exported here.
-"""
+``_dispatch`` runs each fork's phases over ``by_phase()``; what a hook is: ``_hook_types``, re-exported here."""
 
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ __all__ = [
 ]
 
 
+# Module state: the registry is the process's, as os.register_at_fork's is (changed under _lock).
 _lock = threading.Lock()
 _hooks: dict[str, Hook] = {}
 _ordered: tuple[Hook, ...] = ()  # run order of the after_* phases; rebuilt on change
@@ -68,36 +66,15 @@ def register_at_fork(
     description: str = "",
     priority: int | None = None,
 ) -> Hook:
-    """Register callbacks to run around each DataLoader worker fork.
+    """Register callbacks to run around each DataLoader worker fork; returns the ``Hook``.
 
-    The keywords ``before``, ``after_in_parent`` and ``after_in_child`` are
-    those of ``os.register_at_fork``: callables taking no arguments, or one, the
-    fork's ``ForkContext`` (None around a fork that is not a DataLoader worker's,
-    for an ``every_fork`` hook).
-    ``before`` runs in the parent before each worker fork, ``after_in_parent``
-    in the parent after it, ``after_in_child`` in the new worker before torch's
-    worker loop starts. ``after_*`` run in ``hooks()`` order, ``before`` in the
-    reverse: ``first=True`` hooks (innermost around the fork; the latest registered
-    first), then the others in registration order, then ``last=True`` ones, except
-    that a hook runs after every hook named in its ``runs_after`` (names not
-    registered are ignored; a cycle is refused).
-    An interrupt (Ctrl-C) landing in ``before`` does not stop the fork:
-    ``after_in_parent`` still runs, so it must undo a ``before`` that did not
-    finish; one landing in ``after_in_parent`` runs it again, so it must be
-    idempotent. The interrupt then reaches the caller as itself.
-
-    ``name`` defaults to the first callback's qualified name; registering a
-    taken name raises ``RegistrationError`` unless ``replace=True``.
-    ``every_fork=True`` also runs the hook around forks that are not
-    DataLoader workers. ``requires`` names modules that must be imported for
-    the hook to run (a backend for a library the program never imported
-    costs nothing). ``description`` says in a line what the hook does, for ``doctor``.
-
-    ``priority`` is deprecated (a ``DeprecationWarning``; it will be removed): it was an int, the
-    higher running first in the ``after_*`` phases. A positive one is taken as ``first=True``, a
-    negative one as ``last=True``, 0 as neither; say the order with ``first``, ``last`` or
-    ``runs_after`` instead.
-    """
+    ``before`` runs in the parent before each worker fork, ``after_in_parent`` in the parent after it,
+    ``after_in_child`` in the new worker before torch's worker loop, each callable with no arguments
+    (as for ``os.register_at_fork``) or with the fork's ``ForkContext``. ``after_*`` run in ``hooks()``
+    order (``first``, then registration order, then ``last``; after the hooks named in ``runs_after``),
+    ``before`` in the reverse. ``requires``: modules that must be imported for it to run;
+    ``every_fork``: also around forks that are not DataLoader workers; ``priority`` is deprecated.
+    Every keyword, and what an interrupt in a phase does: docs/usage.md, "Fork hooks"."""
     if priority is not None:
         first, last = _from_priority(priority, first, last)
     return _register(
@@ -132,18 +109,16 @@ def register_planned(
     after_in_child: Callable[..., object] | None,
     name: str,
     first: bool = False,
+    last: bool = False,
     runs_after: Iterable[str] = (),
     requires: Iterable[str] = (),
     description: str = "",
     per_start: bool = False,
     fast_fork: Callable[..., Any] | None = None,
 ) -> Hook:
-    """Register a backend's hook (``safeloader.Backend.register``), replacing one of the same name:
-    as ``register_at_fork``, except that what ``before`` returns in the parent, the fork's plan, is
-    passed to ``after_in_parent`` and ``after_in_child`` (None where ``before`` did not run or raised;
-    ``NOTHING_TO_DO``: ``after_in_child`` is not called). ``per_start=True``: the plan holds for a
-    loader's whole start (``Hook.per_start``); such a hook has no ``after_in_parent``, which would run
-    at forks whose ``before`` did not."""
+    """Register a backend's hook (``Backend.register``), replacing one of the same name: as
+    ``register_at_fork``, with ``before``'s plan passed to ``after_*``; ``per_start``: one plan per
+    loader start (``Hook.per_start``), so no ``after_in_parent``."""
     if not isinstance(per_start, bool):
         raise RegistrationError(f"per_start must be a bool, got {per_start!r}")
     if per_start and after_in_parent is not None:
@@ -152,7 +127,7 @@ def register_planned(
             "at every fork"
         )
     return _register(
-        before, after_in_parent, after_in_child, name, first, False, runs_after, False, requires, True,
+        before, after_in_parent, after_in_child, name, first, last, runs_after, False, requires, True,
         description, planned=True, per_start=per_start, fast_fork=fast_fork,
     )
 

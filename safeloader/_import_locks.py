@@ -1,7 +1,4 @@
-"""Imports other threads are running when a DataLoader worker forks.
-
-How it works and why: docs/internals.md, ``safeloader._import_locks``.
-"""
+"""Imports other threads are running when a DataLoader worker forks (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -55,15 +52,8 @@ def name_imports_in_other_threads() -> None:
 
 
 def forget_imports_of_other_threads() -> None:
-    """In a just-forked worker: drop the import locks (and unfinished modules) of threads it does not have.
-
-    Only the forking thread survives a fork, so every lock another thread held
-    is held forever here. Dropping it from importlib's table makes the next
-    import of that name take a fresh lock; dropping the module if it was still
-    executing (``__spec__._initializing``) makes that import run it again, as
-    importlib does after a failed import. Locks the forking thread itself
-    holds (a loader started during an import) stay.
-    """
+    """In a just-forked worker: drop the import locks (and unfinished modules) of threads it does not
+    have; the forking thread's own stay (why: docs/internals.md, ``safeloader._import_locks``)."""
     if not MODULE_LOCKS:
         return
     for name in _held_by_other_threads(threading.get_ident()):

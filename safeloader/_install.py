@@ -1,16 +1,6 @@
-"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly.
+"""``safeloader.install()``: arm every DataLoader in the process, and undo it exactly; from any thread.
 
-``install()`` and ``uninstall()`` may be called from any thread (trainer threads each arming
-the process, one thread toggling while others start loaders): each checks and patches under
-one lock, so two of them never both find torch unpatched and save the first one's patch as
-torch's method (every start then recursed, and ``uninstall()`` found nothing to restore).
-The patched ``_get_iterator`` holds torch's method itself, captured when it was patched, and
-looks up nothing that ``uninstall()`` removes: a start already inside it when another thread
-uninstalls completes, armed, with torch's method. One cut short by Ctrl-C (or another signal
-handler's exception) leaves what the next call completes: ``install()`` builds its record from
-torch's class as it finds it (a patch of its own unwrapped), and ``uninstall()`` undoes whatever
-of its own it finds, record or not.
-"""
+How it works and why: docs/internals.md, ``safeloader._install``."""
 
 from __future__ import annotations
 
@@ -45,7 +35,8 @@ class _Patch:
 
 
 _patch: _Patch | None = None
-"""In effect while installed; set and cleared under ``_lock``."""
+"""In effect while installed; set and cleared under ``_lock``. Module state: torch's classes are
+patched once for the whole process."""
 
 
 def _armed(get_iterator: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,13 +76,10 @@ class Installation:
 
 
 def install() -> Installation:
-    """Arm the worker forks of every torch DataLoader in this process.
+    """Arm the worker forks of every torch DataLoader in this process; ``uninstall()`` restores torch.
 
-    ``torch.utils.data.DataLoader`` (and ``torch.utils.data.dataloader.DataLoader``)
-    become ``SafeDataLoader``; loaders built from torch's class itself, from a
-    name imported before this call, or from a third-party subclass, are armed
-    too. Idempotent and thread-safe; ``uninstall()`` restores torch exactly.
-    """
+    torch's ``DataLoader`` names become ``SafeDataLoader``; loaders of torch's own class, of a name
+    imported before, or of a subclass are armed too. Idempotent and thread-safe."""
     global _patch
     with _lock:
         if _patch is not None:

@@ -8,11 +8,8 @@ from typing import Any
 
 
 def is_interrupt(exc: BaseException, *, in_worker: bool = False) -> bool:
-    """Whether ``exc`` interrupts rather than fails: a BaseException that is not an Exception
-    (KeyboardInterrupt, SystemExit...), or one raised by a Python signal handler (its frame is in
-    the traceback). It reaches the user as itself, never as a HookError. In a worker, a hook's
-    SystemExit, and a KeyboardInterrupt its own ``raise`` statement raised, stay hook failures;
-    Ctrl-C to the process group (SIGINT's handler raising it) is an interrupt there too."""
+    """Whether ``exc`` interrupts rather than fails (a BaseException that is not an Exception, or a signal
+    handler's), reaching the user as itself (a worker's rules: docs/internals.md, ``safeloader._dispatch``)."""
     if isinstance(exc, KeyboardInterrupt):
         return not (in_worker and _raised_by_raise_statement(exc)) or _raised_by_signal_handler(exc)
     if not (in_worker or isinstance(exc, Exception)):
@@ -35,7 +32,8 @@ def _raised_by_raise_statement(exc: BaseException) -> bool:
     return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] == opcode.opmap["RAISE_VARARGS"]
 
 
-_handler_codes: frozenset[Any] = frozenset()  # the code of each Python signal handler, when last looked up
+# The code of each Python signal handler when last looked up: module state, as handlers are the process's.
+_handler_codes: frozenset[Any] = frozenset()
 
 
 def _raised_by_signal_handler(exc: BaseException) -> bool:

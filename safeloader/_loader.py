@@ -1,9 +1,5 @@
-"""SafeDataLoader: torch's DataLoader with its worker forks armed.
-
-Only the start of the workers is wrapped (``_get_iterator``, which is where
-torch forks them); torch's worker queue, prefetching, pin-memory thread and
-shutdown logic run unchanged.
-"""
+"""SafeDataLoader: torch's DataLoader with its worker forks armed; only ``_get_iterator``, where torch forks
+them, is wrapped (queues, prefetching, pin memory and shutdown are torch's)."""
 
 from __future__ import annotations
 
@@ -50,12 +46,8 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class WorkerInit:
-    """safeloader's ``worker_init_fn``: runs in each worker after torch seeded it.
-
-    Raises the worker's failed ``after_in_child`` hook, if any, so that torch
-    delivers it to the parent as a worker error; then calls the user's own
-    ``worker_init_fn`` with the worker id. Picklable for spawn/forkserver.
-    """
+    """safeloader's ``worker_init_fn`` (picklable): raises the worker's failed ``after_in_child`` hook through
+    torch's worker-error path, then calls the user's ``worker_init_fn``."""
 
     def __init__(self, user_fn: Callable[[int], None] | None, watch: watchdog.Watch | None = None) -> None:
         self.user_fn = user_fn
@@ -257,7 +249,7 @@ def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
             popen.wait(_KILL_WAIT)
 
 
-_thread_workers_warned = False
+_thread_workers_warned = False  # module state: said once per process, whichever loader
 
 
 def _warn_thread_workers() -> None:
@@ -296,26 +288,12 @@ class _SafeDataLoaderMeta(type):
 class SafeDataLoader(_TorchDataLoader[T_co], metaclass=_SafeDataLoaderMeta):
     """``torch.utils.data.DataLoader`` whose worker forks run safeloader's hooks.
 
-    Takes exactly torch's arguments (new ones pass through), plus, by keyword, the options of
-    ``safeloader.Options`` for this loader (each defaults to ``safeloader.configure``'s setting):
-
-    - ``zarrs_mode``: how workers decode zarrs arrays ("pool", "serial", "python");
-    - ``thread_budget``: threads each worker may give a BLAS/OpenMP pool (None: cores // workers);
-    - ``freeze_gc``: each worker freezes the objects it inherits (less copy-on-write);
-    - ``stall_timeout``: seconds a busy worker may go without finishing an item (None: off);
-    - ``disable_hooks``: names of hooks not to run for this loader;
-    - ``on_unsafe_fork``: what to do when the parent holds a native pool no backend resets
-      ("auto", "raise", "forkserver", "warn", "ignore").
-
-    Every init argument is stored under the attribute of the same name, so
-    trainers that rebuild loaders from their attributes get the same loader.
-    When no ``multiprocessing_context`` is given, workers are forked on Linux,
-    also on Python 3.14 where the default became forkserver.
-
-    Generic like torch's class (``DataLoader[T]``): after ``install()`` code
-    that subclasses or annotates ``torch.utils.data.DataLoader[T]`` at run time
-    (torchdata's ``StatefulDataLoader``) gets this class.
-    """
+    Takes exactly torch's arguments, plus, by keyword, the options of ``safeloader.Options`` for this
+    loader (``zarrs_mode``, ``thread_budget``, ``freeze_gc``, ``stall_timeout``, ``disable_hooks``,
+    ``on_unsafe_fork``; each defaults to ``safeloader.configure``'s setting). Every init argument is
+    kept under the attribute of the same name; workers are forked on Linux unless a
+    ``multiprocessing_context`` is given. Generic like torch's class (``DataLoader[T]``).
+    Each option, and why: docs/usage.md."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""Work that holds glibc's dynamic-loader lock, and forks from other threads, without either
-waiting for the other's at-fork callbacks.
-
-How it works and why: docs/internals.md, ``safeloader._loader_lock``.
-"""
+"""Work that holds glibc's dynamic-loader lock, and forks from other threads, without either waiting for the
+other's at-fork callbacks (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# Module state: glibc's loader lock is the process's.
 # A C lock, entered only with ``with _lock`` over a few bytecodes: a signal handler's exception
 # (Ctrl-C) cannot leave it held, as it can a Condition's, whose enter and wait are Python code.
 _lock = threading.Lock()
@@ -60,12 +58,9 @@ def reset_in_child() -> None:
 
 
 def section(work: Callable[[bool], T]) -> T:
-    """``work(release)``, for work that holds the loader lock: ``release`` is True when it may
-    release the GIL (forks starting meanwhile wait for it), False when it must keep the GIL held.
-
-    A plain function, not a context manager: the parent runs it between a loader start's worker
-    forks, where each object made or freed (a generator, its frame) writes a page that the
-    workers forked so far share (one copy each)."""
+    """``work(release)``, for work that holds the loader lock: ``release`` is True when it may release the GIL
+    (forks starting meanwhile wait for it), False when it must keep it (a function, not a context manager:
+    its objects would write pages the workers share)."""
     global _released
     me = threading.get_ident()
     counted = False  # set with the count, in straight-line code: an interrupt cannot fall between

@@ -1,11 +1,5 @@
-"""Pure-Python stand-in for the ``safeloader._native`` C extension.
-
-Same functions, same answers, with two documented gaps: ``exit_handler_lock`` finds
-nothing, so a fork child is not freed of glibc's exit-handler lock; and the fork counter is
-driven by ``os.register_at_fork`` and by the pid changing, so of forks that
-bypass ``os.fork`` (a C library calling ``fork()`` directly) it sees only that
-one happened since it was last read, not how many. The C version counts each.
-"""
+"""Pure-Python stand-in for the ``safeloader._native`` C extension: same functions, same answers, two
+gaps (docs/internals.md, ``safeloader._native_fallback``)."""
 
 from __future__ import annotations
 
@@ -14,22 +8,12 @@ import os
 import stat
 from typing import Any
 
-_fork_generation = 0
+_fork_generation = 0  # module state: the process's own count, as the C extension's is
 _counted_pid = os.getpid()  # the process _fork_generation was counted for
 
 
 def _on_fork_child() -> None:
-    """Count the fork that made this process, once, whoever asks first.
-
-    ``os.register_at_fork`` runs ``after_in_child`` callbacks in registration
-    order, and this module's callback is registered after the fork-hook
-    registry's (and after any other registered before ``native`` was first
-    imported): a hook running in the child would read the parent's count. So
-    ``fork_generation`` counts the fork itself when the pid changed since the
-    last count, as the C extension's ``pthread_atfork`` handler, which runs
-    before any Python callback, would have; this callback then finds it done.
-    A child's pid is never its parent's, so each fork is counted exactly once.
-    """
+    """Count the fork that made this process, once, whoever asks first (why: docs/internals.md)."""
     global _fork_generation, _counted_pid
     pid = os.getpid()
     if pid != _counted_pid:
@@ -281,16 +265,11 @@ def signal_handler_address(signum: int) -> int:
     return 2 if caught & bit else 1 if ignored & bit else 0
 
 
-_linker: Any = None
+_linker: Any = None  # ctypes' types and the loader walk, made once per process
 
 
 def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
-    """((adds, subs) or None, names or None), through ctypes' dl_iterate_phdr.
-
-    Its callback runs Python while the loader's lock is held, where the GIL may
-    pass to another thread even with ``release_gil`` False, which could fork then:
-    the C extension's version has no such window.
-    """
+    """``((adds, subs) or None, names or None)``, through ctypes' dl_iterate_phdr (a Python callback)."""
     import ctypes
 
     global _linker

@@ -1,9 +1,5 @@
-"""Options of the built-in backends: global defaults, overridable per loader.
-
-``safeloader.configure(...)`` sets the process-wide defaults; the same names
-are keyword arguments of ``SafeDataLoader`` and win for that loader. Hooks
-read the resolved values from ``safeloader.fork_context().options``.
-"""
+"""Options of the built-in backends: process-wide defaults (``configure``), overridden per loader by the
+keywords of the same names; hooks read the resolved values from their ``ForkContext``."""
 
 from __future__ import annotations
 
@@ -140,7 +136,7 @@ class Options:
 OPTION_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Options))
 """Every option, in declaration order: ``SafeDataLoader``'s keywords and attributes of these names."""
 
-_defaults = Options()
+_defaults = Options()  # module state: configure() sets the process's defaults
 
 
 def get_options() -> Options:

@@ -1,11 +1,5 @@
-"""Every private name of torch (and multiprocessing) that safeloader relies on, in one place.
-
-safeloader wraps torch's public entry points, but recognising a worker fork,
-watching a worker and shutting one down need a few private names. They are
-named here, probed once at the first worker start (``check``), and a missing
-one is reported with what stops working, instead of safeloader running
-unarmed in silence.
-"""
+"""Every private name of torch (and multiprocessing) that safeloader relies on, in one place, probed
+once at the first worker start (docs/internals.md, ``safeloader._torch_internals``)."""
 
 from __future__ import annotations
 
@@ -81,7 +75,7 @@ def missing() -> tuple[str, ...]:
     return tuple(lines)
 
 
-_checked = False
+_checked = False  # module state: once per process, as torch's names do not change while it runs
 
 
 def check() -> None:
@@ -209,11 +203,7 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 def forget_worker_pids(iterator: Any) -> None:
-    """Unregister the iterator's workers from torch's SIGCHLD handler: killing one is then
-    not reported by torch as "worker exited unexpectedly". Also where an interrupt landed
-    between torch's registration and its ``_worker_pids_set = True``: the entry, keyed by
-    ``id(iterator)``, would otherwise make the next iterator at that address fail with
-    "_set_worker_pids should be called only once"."""
+    """Unregister the iterator's workers from torch's SIGCHLD handler (killing one is then not reported)."""
     from torch.utils.data._utils import signal_handling
 
     try:
@@ -231,10 +221,8 @@ def dataset_kind() -> Any:
 
 
 def wrap_create_fetcher(wrap: Callable[[Any], Any]) -> bool:
-    """Pass every fetcher torch's worker loop creates through ``wrap`` (``_DatasetKind.create_fetcher``
-    runs right after ``worker_init_fn``, and again per epoch with persistent workers), leaving the
-    loop itself untouched; done once per process, and a forked worker inherits it. False where
-    this torch has no such factory."""
+    """Pass every fetcher torch's worker loop creates through ``wrap``, once per process (inherited by
+    workers); False where this torch has no such factory."""
     kind = dataset_kind()
     original = getattr(kind, "create_fetcher", None) if kind is not None else None
     if original is None:
@@ -261,12 +249,8 @@ Wait = Callable[[Any, Callable[[float], tuple[bool, Any]], float], tuple[bool, A
 
 def waiting_with(cls: type, wait: Wait, module: str,
                  explain: Callable[[Any, RuntimeError], RuntimeError | None]) -> type:
-    """A subclass of torch's multiprocessing iterator class ``cls`` whose wait for one batch
-    (``_try_get_data``, what its ``_get_data`` calls) is ``wait``, around torch's own, and whose
-    ``__next__`` raises ``explain(iterator, error)`` instead of a RuntimeError it returns one for.
-
-    The error is taken at ``__next__``, not in the wait: torch's SIGCHLD handler raises "DataLoader
-    worker ... is killed by signal" wherever the main thread is when a worker dies."""
+    """A subclass of torch's multiprocessing iterator class ``cls`` whose wait for one batch is ``wait``
+    (around torch's), and whose ``__next__`` raises ``explain(iterator, error)`` for a RuntimeError."""
     torch_wait = getattr(cls, TRY_GET_DATA)
     torch_next = cls.__next__  # type: ignore[attr-defined]
 
@@ -303,10 +287,8 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 @functools.cache
 def worker_argument_positions(target: Callable[..., Any]) -> tuple[int, int, int, int] | None:
-    """(index of worker_id, index of num_workers, fewest and most arguments) of a worker
-    loop whose parameters are all positional, so that a call passing positional arguments
-    only is read by index: ``Signature.bind`` costs every fork about 0.1 ms of Python.
-    None for other loops (they are bound)."""
+    """(index of worker_id, index of num_workers, fewest and most arguments) of a worker loop whose
+    parameters are all positional; None for other loops."""
     signature = _worker_signature(target)
     if signature is None:
         return None
@@ -332,14 +314,8 @@ def _worker_arguments(process: Any, signature: inspect.Signature) -> tuple[int, 
 
 
 def launching_worker() -> tuple[int, int, Any, FrameType] | None:
-    """(worker_id, num_workers, multiprocessing's Popen, its ``_launch`` frame) if this fork launches
-    a DataLoader worker.
-
-    multiprocessing forks from ``Popen._launch(self, process_obj)``; the
-    Process still holds its target and arguments there. That frame is a few
-    levels up (the dispatch's _context_for_this_fork, its _on_before, then os.fork's caller);
-    the walk is bounded so an unrelated deep stack costs nothing.
-    """
+    """(worker_id, num_workers, multiprocessing's Popen, its ``_launch`` frame) if this fork launches a
+    DataLoader worker: read from ``Popen._launch``'s frame, a bounded walk up the stack."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(8):
         if frame is None:

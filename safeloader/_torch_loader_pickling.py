@@ -1,15 +1,6 @@
 """Pickling instances of torch's own DataLoader class while ``install()`` is in effect.
 
-``install()`` rebinds ``torch.utils.data.dataloader.DataLoader`` to
-``SafeDataLoader``, and pickle finds a class through its module and name: an
-instance of torch's own class (built from a name imported before
-``install()``, as Ray Train and HF Accelerate do) would fail to pickle with
-"it's not the same object as torch.utils.data.dataloader.DataLoader", where
-torch's pickles. While installed, torch's class reduces through
-``rebuild_torch_loader`` instead; the state pickled, and any error (such as a
-live persistent-workers iterator), are torch's own. Subclasses (SafeDataLoader
-included) are found under their own names and pickle as usual.
-"""
+Why: docs/internals.md, ``safeloader._torch_loader_pickling``."""
 
 from __future__ import annotations
 

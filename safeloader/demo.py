@@ -1,20 +1,6 @@
 """``python -m safeloader demo``: torch's DataLoader and safeloader's, side by side, on three real formats.
 
-The demo writes a small compressed zarr array, an HDF5 file and an npz
-archive, then for each builds the Dataset most people write: the file is
-opened in ``__init__`` and the parent reads one item first (a sanity check,
-normalisation statistics...). Each Dataset is loaded with 4 forked workers by
-``torch.utils.data.DataLoader`` and by ``safeloader.DataLoader``, each run in
-its own interpreter with a deadline, so a hang is killed cleanly. Every item
-returned is compared with a direct read of the file. A format whose libraries
-are not installed (a plain ``pip install`` has neither zarr nor h5py) is
-skipped, naming the extra that installs them. Exit status 0 when every
-safeloader run returned correct data.
-
-Everything the demo writes, its runs' temporary files included (a run killed
-as hung leaves multiprocessing's ``pymp-*`` folder), lives in one temporary
-folder that is removed at the end.
-"""
+How it works: docs/internals.md, ``safeloader.demo``."""
 
 from __future__ import annotations
 
@@ -133,14 +119,8 @@ class ZarrDataset:
 
 
 class H5Dataset:
-    """Opens the HDF5 file in ``__init__`` through a Python file object, as code reading remote or
-    archived HDF5 does (``h5py.File(fsspec.open(url).open())``, ``h5py.File(open(path, "rb"))``).
-
-    Why a file object: opened by its path (HDF5's default ``sec2`` driver), h5py reads with
-    ``pread``, which keeps no shared file offset, and forked workers read correct data. Through a
-    file object (or the ``stdio`` driver) every read is a seek then a read on one offset shared
-    with the parent and the other workers: errors and wrong data under torch's loader.
-    """
+    """Opens the HDF5 file in ``__init__`` through a Python file object, as remote or archived HDF5 is
+    read (why: docs/internals.md, ``safeloader.demo``)."""
 
     def __init__(self, path: str) -> None:
         import h5py
@@ -249,11 +229,7 @@ def _result_line(process: subprocess.Popen[bytes], until: float) -> str | None:
 
 
 def _spawn_run(fmt: str, loader_kind: str, path: str, deadline: float, tmpdir: str) -> Outcome:
-    """One run in its own interpreter, its temporary files (multiprocessing's pymp-* folder) in ``tmpdir``.
-
-    The result counts once printed: a run whose workers failed may then never exit (torch's teardown
-    waiting on a worker), and is killed after EXIT_GRACE seconds rather than shown as hung.
-    """
+    """One run in its own interpreter, its temporary files in ``tmpdir`` (killed ``EXIT_GRACE`` s after its result)."""
     command = [sys.executable, "-m", "safeloader.demo", "--child", fmt, loader_kind, path]
     start = time.perf_counter()
     with tempfile.TemporaryFile(dir=tmpdir) as stderr:

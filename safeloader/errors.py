@@ -7,12 +7,8 @@ from typing import Any
 
 
 class HookError(RuntimeError):
-    """A fork hook raised. Names the hook, the phase and (in a worker) the worker id.
-
-    The hook's own exception is chained as ``__cause__`` when raised in the
-    parent. Raised in a worker, it reaches the parent through torch's worker
-    error path, which carries the message and the worker's traceback as text.
-    """
+    """A fork hook raised: names the hook, the phase and (in a worker) the worker id; the hook's exception is
+    its ``__cause__`` in the parent, its traceback text when it comes through torch's worker error path."""
 
     def __init__(
         self,
@@ -35,11 +31,8 @@ class RegistrationError(ValueError):
 
 
 class UnsafeForkError(RuntimeError):
-    """Workers would be forked from a process holding a native thread pool that nothing resets.
-
-    Raised before any worker starts, naming the library and the remedies;
-    ``libraries`` holds each one's description. See ``on_unsafe_fork``.
-    """
+    """Workers would be forked from a process holding a native thread pool that nothing resets; raised before
+    any worker starts, naming the library and the remedies (``libraries``). See ``on_unsafe_fork``."""
 
     def __init__(self, message: str, *, libraries: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -47,11 +40,8 @@ class UnsafeForkError(RuntimeError):
 
 
 class WorkerStallError(RuntimeError):
-    """A DataLoader worker made no progress for ``stall_timeout`` seconds.
-
-    ``worker_id`` is the first stalled worker; ``reports`` holds a
-    ``StallReport`` per stalled worker (Python and native stacks, likely cause).
-    """
+    """A DataLoader worker made no progress for ``stall_timeout`` seconds: ``worker_id`` the first stalled,
+    ``reports`` a ``StallReport`` (stacks, likely cause) per stalled worker."""
 
     def __init__(self, message: str, *, worker_id: int | None = None, reports: tuple[Any, ...] = ()) -> None:
         super().__init__(message)  # one positional argument, like every safeloader error

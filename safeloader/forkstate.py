@@ -1,7 +1,5 @@
-"""What is live in a process at fork time: native threads, thread pools, accelerators.
-
-How it works and why: docs/internals.md, ``safeloader.forkstate``.
-"""
+"""What is live in a process at fork time: native threads, thread pools, accelerators
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -10,11 +8,10 @@ import gc
 import os
 import platform
 import sys
-import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from . import _loader_lock, _torch_internals, native
+from . import _context, _loader_lock, _torch_internals, native
 from ._imports import modules_state
 
 __all__ = [
@@ -122,17 +119,13 @@ class ForkState:
 
 
 class _DynamicLinker:
-    """The loader's list of loaded objects, listed again only when something was loaded or unloaded.
-
-    Listing holds glibc's dynamic-loader lock, and a fork from another thread at that moment gives
-    a child that hangs at its first dlopen: each listing is a ``_loader_lock.section``, run with the
-    GIL released (forks wait for it) or, while another thread is inside a fork, with the GIL held
-    (that fork cannot reach ``fork()`` meanwhile, and this does not wait for its callbacks).
-    """
+    """The loader's list of loaded objects, listed again only when something was loaded or unloaded,
+    each listing a ``_loader_lock.section`` (why: docs/internals.md, ``safeloader._loader_lock``)."""
 
     def __init__(self) -> None:
         # The last full list, with the loader's (loads, unloads) counters when it was taken.
         self._loaded: tuple[tuple[int, int] | None, tuple[str, ...]] = (None, ())
+        self._gomp: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (a list, its libgomp copies)
 
     def loaded(self) -> tuple[str, ...]:
         """Paths of the loaded objects, in load order. Listed again only when something
@@ -145,14 +138,21 @@ class _DynamicLinker:
         self._loaded = (counters, names or ())
         return self._loaded[1]
 
+    def gomp_loaded(self, libraries: tuple[str, ...]) -> tuple[str, ...]:
+        """Real paths of the libgomp copies among ``libraries``; the same tuple as last
+        time (``loaded`` returns it while nothing is loaded) costs nothing."""
+        if libraries is not self._gomp[0]:
+            # The substring test first: a C-level scan, where basename() is a Python call per object.
+            self._gomp = (libraries, tuple(sorted({os.path.realpath(p) for p in libraries
+                                                   if _GOMP_PREFIX in p and _is_gomp(p)})))
+        return self._gomp[1]
 
-_linker: _DynamicLinker | None = None
+
+# One per process, as the dynamic loader is (made here: its constructor does nothing).
+_linker = _DynamicLinker()
 
 
 def _dynamic_linker() -> _DynamicLinker:
-    global _linker
-    if _linker is None:
-        _linker = _DynamicLinker()
     return _linker
 
 
@@ -186,20 +186,6 @@ def _is_gomp(path: str) -> bool:
     return os.path.basename(path).startswith(_GOMP_PREFIX)
 
 
-_gomp_of: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (libraries, their libgomp copies)
-
-
-def _gomp_loaded(libraries: tuple[str, ...]) -> tuple[str, ...]:
-    """Real paths of the libgomp copies among ``libraries``; the same tuple as last
-    time (``_DynamicLinker.loaded`` returns it while nothing is loaded) costs nothing."""
-    global _gomp_of
-    if libraries is not _gomp_of[0]:
-        # The substring test first: a C-level scan, where basename() is a Python call per object.
-        _gomp_of = (libraries, tuple(sorted({os.path.realpath(p) for p in libraries
-                                             if _GOMP_PREFIX in p and _is_gomp(p)})))
-    return _gomp_of[1]
-
-
 def _pools() -> tuple[tuple[Pool, ...] | None, str | None]:
     try:
         import threadpoolctl
@@ -226,13 +212,8 @@ def _torch_facts() -> tuple[tuple[str, ...], int | None]:
 
 
 def snapshot(*, pools: bool = True, count_frozen: bool = True) -> ForkState:
-    """Describe this process's threads, pools and accelerators now (about 1 ms).
-
-    ``pools=True`` asks threadpoolctl (if installed) for the BLAS/OpenMP pools,
-    which costs about another millisecond; ``count_frozen=True`` counts the
-    objects frozen by ``gc.freeze()``, which walks them all. The fork hooks
-    pass False for both.
-    """
+    """Describe this process's threads, pools and accelerators now (about 1 ms; ``pools``: threadpoolctl's
+    pools, another ms; ``count_frozen``: walks the frozen objects). The fork hooks pass False for both."""
     return _snapshot(pools=pools, count_frozen=count_frozen)
 
 
@@ -245,8 +226,8 @@ def _snapshot(*, pools: bool, count_frozen: bool, known: dict[tuple[int, str], F
         threads = tuple(_native_thread(tid, name) for tid, name in census.foreign)
     else:
         threads = tuple(_known_thread(known, tid, name) for tid, name in census.foreign)
-    libraries = _dynamic_linker().loaded()
-    gomp_loaded = _gomp_loaded(libraries)
+    libraries = _linker.loaded()
+    gomp_loaded = _linker.gomp_loaded(libraries)
     gomp_live = tuple(sorted({t.library for t in threads if t.library is not None and _is_gomp(t.library)}))
     notes = []
     # A thread we cannot attribute might be an OpenMP pool thread: assume the worst.
@@ -284,10 +265,8 @@ def _snapshot(*, pools: bool, count_frozen: bool, known: dict[tuple[int, str], F
 
 # -- the record taken around each worker fork -----------------------------------
 
-_recorded: ForkState | None = None
-# The ForkContext of the fork it was taken for, weakly: the context holds the
-# loader, and a strong reference would keep its persistent workers alive.
-_recorded_for: weakref.ref[object] | None = None
+_MEMO = "memo:forkstate"
+"""The key of a fork's record in its memo (``ForkContext.memo``): taken by the first hook to ask."""
 
 
 # What the earlier forks of a loader start (kept on its Arming, as ``forks``) found: where each native
@@ -306,48 +285,49 @@ class StartForks:
 
 def record(ctx: Any) -> ForkState:
     """In the parent, during a worker fork's ``before`` phase (``ctx``: its ``ForkContext``): the
-    state for this fork. Taken once per fork (later calls for the same fork return the same object),
-    so several backends can share it; the worker inherits it as ``parent_state()``."""
-    global _recorded, _recorded_for
-    if _recorded is not None and ctx is not None and _recorded_for is not None and _recorded_for() is ctx:
-        return _recorded
-    arming = ctx.start if ctx is not None else None
+    state for this fork. Taken once per fork (kept in the fork's memo), so several backends can
+    share it; the worker reads it as ``parent_state()``. ``ctx`` None: the process as it is now."""
+    if ctx is None:
+        return snapshot(pools=False, count_frozen=False)
+    return ctx.memo(_MEMO, functools.partial(_record, ctx))
+
+
+def _record(ctx: Any) -> ForkState:
+    arming = ctx.start
     if arming is None:
-        _recorded = snapshot(pools=False, count_frozen=False)
-    else:
-        forks = arming.forks
-        if forks is None:
-            forks = arming.forks = StartForks()
-        thread_ids = tuple(native.thread_ids())
-        libraries = _dynamic_linker().loaded()  # the same tuple while nothing was loaded or unloaded
-        if forks.state is not None and forks.thread_ids == thread_ids and forks.state.libraries is libraries:
-            _recorded = forks.state
-        else:
-            _recorded = forks.state = _snapshot(pools=False, count_frozen=False, known=forks.known)
-            forks.thread_ids = thread_ids
-        forks.modules = modules_state()
-    _recorded_for = weakref.ref(ctx) if ctx is not None else None
-    return _recorded
+        return snapshot(pools=False, count_frozen=False)
+    forks = arming.forks
+    if forks is None:
+        forks = arming.forks = StartForks()
+    thread_ids = tuple(native.thread_ids())
+    libraries = _linker.loaded()  # the same tuple while nothing was loaded or unloaded
+    if forks.state is None or forks.thread_ids != thread_ids or forks.state.libraries is not libraries:
+        forks.state = _snapshot(pools=False, count_frozen=False, known=forks.known)
+        forks.thread_ids = thread_ids
+    forks.modules = modules_state()
+    return forks.state
 
 
 def forget() -> None:
     """Drop the dynamic loader's listing that ``record`` reuses: after a start an interrupt cut short,
     which may have cut a ctypes callback of the library walk short too (ctypes drops the exception:
     the walk goes on, and its list would miss objects)."""
-    if _linker is not None:
-        _linker._loaded = (None, ())
+    _linker._loaded = (None, ())
 
 
 def parent_state() -> ForkState | None:
-    """In a DataLoader worker: the parent's state just before it forked this worker.
-
-    None in a process that is not such a worker, or when the "forkstate" hook
-    was disabled.
-    """
-    state = _recorded
+    """In a DataLoader worker: the parent's state just before it forked this worker; None elsewhere, when no
+    hook recorded it, and after its hooks in a worker of a start safeloader did not arm."""
+    worker = _context.worker
+    if worker is None:
+        return None
+    forks = worker.start.forks if worker.start is not None else None
+    state = forks.state if forks is not None else None  # the start's record, as it was at this fork
+    if state is None and _context.fork_context() is worker:
+        state = _context.plan_of(_MEMO)  # a start not armed: its fork's memo, while the worker's hooks run
     if state is None or state.fork_generation != native.fork_generation() - 1:
         return None
-    return state
+    return cast(ForkState, state)
 
 
 def unchanged_since_record(arming: Any) -> bool:
@@ -357,7 +337,7 @@ def unchanged_since_record(arming: Any) -> bool:
     forks = arming.forks
     if forks is None or forks.state is None:
         return False
-    if forks.state.libraries is not _dynamic_linker().loaded() or forks.modules != modules_state():
+    if forks.state.libraries is not _linker.loaded() or forks.modules != modules_state():
         return False
     # A thread that ended since makes no plan wrong (a pool's threads are planned for as live).
     return forks.thread_ids is not None and native.threads_within(forks.thread_ids)
@@ -370,7 +350,7 @@ def record_for_later_forks(arming: Any) -> tuple[tuple[int, ...], tuple[int, int
     forks = arming.forks
     if forks is None or forks.state is None or forks.thread_ids is None:
         return None
-    counters = _linker._loaded[0] if _linker is not None and forks.state.libraries is _linker._loaded[1] else None
+    counters = _linker._loaded[0] if forks.state.libraries is _linker._loaded[1] else None
     if counters is None or not isinstance(forks.modules, tuple):
         return None
     return forks.thread_ids, counters, forks.modules

@@ -1,4 +1,5 @@
-"""The names of safeloader's own fork hooks: what ``disable_hooks=`` and ``safeloader.disable`` take."""
+"""The names of safeloader's own fork hooks (``disable_hooks=``, ``safeloader.disable``), kept for code
+importing them and for modules below the backends; each backend's module names its own (``NAME``)."""
 
 WATCHDOG = "watchdog"
 FORKSTATE = "forkstate"

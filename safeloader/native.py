@@ -1,8 +1,5 @@
-"""The native core, or its pure-Python fallback, behind one interface.
-
-``NATIVE`` says which one is in use. Set ``SAFELOADER_DISABLE_NATIVE=1`` to
-force the fallback (the tests compare both).
-"""
+"""The native core, or its pure-Python fallback (``SAFELOADER_DISABLE_NATIVE=1``), behind one interface;
+``NATIVE`` says which one is in use."""
 
 from __future__ import annotations
 
@@ -68,11 +65,7 @@ def read_proc(path: str, size: int = 4096) -> str:
 
 
 def fork_generation() -> int:
-    """How many forks this process descends from since safeloader was imported.
-
-    Record it when an object is created; a different value later means the
-    object was inherited across a fork.
-    """
+    """How many forks this process descends from since safeloader was imported."""
     return _impl.fork_generation()
 
 
@@ -82,28 +75,17 @@ def thread_ids() -> list[int]:
 
 
 def threads_within(known: tuple[int, ...]) -> bool:
-    """Whether every thread of this process now is in ``known``, a sorted tuple of
-    ``thread_ids()`` (threads that ended since do not count). With the C extension it
-    allocates nothing: the parent runs it between a loader start's worker forks, where
-    each page written is copied for the workers already forked."""
+    """Whether every thread of this process now is in ``known``, a sorted tuple of ``thread_ids()``."""
     return _impl.threads_within(known)
 
 
 def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
-    """Every open descriptor of this process as ``(fd, st_mode, st_dev, st_ino)``.
-
-    Cheap in a freshly forked worker with the C extension: no ``stat_result``
-    per descriptor, hence few pages written that the parent shares.
-    """
+    """Every open descriptor of this process as ``(fd, st_mode, st_dev, st_ino)``."""
     return _impl.descriptor_table()
 
 
 def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
-    """``(fd, st_dev, st_ino, offset)`` of every descriptor open on a seekable regular file.
-
-    With the C extension, one call that keeps the GIL: the parent runs it before each
-    worker fork, and a GIL released per file could be held by another thread meanwhile.
-    """
+    """``(fd, st_dev, st_ino, offset)`` of every descriptor open on a seekable regular file."""
     return _impl.regular_file_offsets()
 
 
@@ -111,53 +93,31 @@ READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits
 
 
 def descriptor_kinds() -> int:
-    """What kinds of descriptor this process holds, a bitmask: ``READ_ONLY_FILE`` (a regular file
-    open read-only), ``REGULAR_FILE`` (any regular file), ``TCP_SOCKET`` (an IPv4/IPv6 stream
-    socket, connected or not). With the C extension it allocates nothing: the parent asks before
-    each worker fork whether the files and sockets hooks have anything to do in that worker."""
+    """The kinds of descriptor this process holds, a bitmask of ``READ_ONLY_FILE``, ``REGULAR_FILE``, ``TCP_SOCKET``."""
     return _impl.descriptor_kinds()
 
 
 def reserve_descriptor_slots(spare: int) -> int:
-    """Grow this process's descriptor table to hold ``spare`` descriptors above the lowest free
-    number, fewer where the ``RLIMIT_NOFILE`` soft limit is lower; the table never shrinks. Returns
-    the slots asked of the kernel, 0 where nothing was done. Why a worker does this:
-    ``safeloader/_fd_table.py``."""
+    """Grow this process's descriptor table to hold ``spare`` more descriptors (within ``RLIMIT_NOFILE``);
+    returns the slots asked of the kernel (why: ``safeloader/_fd_table.py``)."""
     return _impl.reserve_descriptor_slots(spare)
 
 
 def install_backtrace_handler(signum: int, fd: int) -> bool:
-    """On ``signum``, the receiving thread writes its native backtrace to ``fd``.
-
-    One ``native-thread <tid> <name>`` line, one ``frame <address> <library>
-    <offset> <symbol>+<offset>`` line per frame, then ``end-thread <tid>``.
-    Written from a signal-safe handler, so it works in a thread stuck in a
-    deadlock. Returns False without the C extension (nothing is installed).
-    """
+    """On ``signum``, the receiving thread writes its native backtrace to ``fd`` (signal-safe: works in a
+    deadlocked thread); False without the C extension. Format: docs/internals.md, ``safeloader.native``."""
     return bool(_impl.install_backtrace_handler(signum, fd))
 
 
 def release_backtrace_handler(signum: int) -> bool:
-    """Put ``SIG_DFL`` back on ``signum`` if the backtrace handler is still the one there.
-
-    A handler someone installed on it since is left alone (returns False).
-    """
+    """Put ``SIG_DFL`` back on ``signum`` if the backtrace handler is still the one there."""
     return bool(_impl.release_backtrace_handler(signum))
 
 
 def warm_backtrace() -> None:
-    """Load glibc's unwinder in this process, once, before forking workers.
+    """Load glibc's unwinder in this process, once, before forking workers (inherited done by each).
 
-    glibc's ``backtrace()`` loads libgcc_s and looks up its unwinder on its
-    first call in a process, which must not happen in a signal handler;
-    ``install_backtrace_handler`` makes that call unless it was made already.
-    Made once in the parent, it is inherited done by every forked worker.
-    Nothing to do without the C extension (no handler is installed).
-
-    It dlopens, holding the loader's lock: a ``_loader_lock.section``, so that
-    no other thread forks meanwhile, and it waits for no other thread's fork
-    (nor its at-fork callbacks).
-    """
+    Why, and why under the loader lock: docs/internals.md, ``safeloader.native``."""
     from . import _loader_lock
 
     _loader_lock.section(_impl.warm_backtrace)
@@ -171,32 +131,20 @@ def free_signals(count: int) -> list[int]:
 
 
 def signal_handler_address(signum: int) -> int:
-    """The current handler of ``signum`` as ``sigaction()`` gives it: 0 for ``SIG_DFL``,
-    1 for ``SIG_IGN``, else the handler's address (the fallback says 2 for any handler).
-
-    Unlike ``signal.getsignal``, it sees handlers installed in C (``faulthandler.register``).
-    """
+    """The current handler of ``signum`` as ``sigaction()`` gives it: 0 ``SIG_DFL``, 1 ``SIG_IGN``, else its address."""
     return int(_impl.signal_handler_address(signum))
 
 
 def exit_handler_lock() -> tuple[int, bool]:
-    """``(address, held_at_fork)``: where glibc's exit-handler lock is (0 where it was not found:
-    another architecture or C library, or the fallback), and whether it was held when this
-    process was forked. With the C extension each fork child releases it if a thread of the
-    parent held it (csrc/exit_lock.c), where the child's first exit-handler registration (a C++
-    static's first use) would otherwise wait for ever."""
+    """``(address, held_at_fork)`` of glibc's exit-handler lock (0: not found), and whether a thread of
+    the parent held it when this process was forked."""
     address, held = _impl.exit_handler_lock()
     return int(address), bool(held)
 
 
 def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | None, tuple[str, ...] | None]:
-    """``((loads, unloads) or None, names or None)``: the dynamic loader's counters and,
-    with ``full``, the names of the loaded objects in load order.
-
-    The walk holds the loader's lock; ``release_gil`` says whether other Python
-    threads may run meanwhile (see ``_loader_lock``). With the C extension, no
-    Python code runs during the walk; the fallback's ctypes callback is Python.
-    """
+    """``((loads, unloads) or None, names or None)``: the dynamic loader's counters and, with ``full``,
+    the loaded objects in load order; ``release_gil``: whether other threads may run meanwhile."""
     return _impl.loaded_objects(full, release_gil)
 
 

@@ -1,7 +1,5 @@
-"""``safeloader doctor``: what would happen if this process started DataLoader workers now.
-
-How it works and why: docs/internals.md, ``safeloader._doctor``.
-"""
+"""``safeloader doctor``: what would happen if this process started DataLoader workers now
+(why: docs/internals.md)."""
 from __future__ import annotations
 
 import json as json_module

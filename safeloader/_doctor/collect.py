@@ -1,7 +1,5 @@
-"""The findings of ``safeloader doctor`` as plain data (what ``--json`` prints).
-
-How it works and why: docs/internals.md, ``safeloader._doctor``.
-"""
+"""The findings of ``safeloader doctor`` as plain data (what ``--json`` prints)
+(why: docs/internals.md, ``safeloader._doctor``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What is live in this process at fork, each with its status, for ``safeloader doctor``.
-
-How it works and why: docs/internals.md, ``safeloader._doctor``.
-"""
+"""What is live in this process at fork, each with its status, for ``safeloader doctor``
+(why: docs/internals.md, ``safeloader._doctor``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The report of ``safeloader doctor`` as text, from what ``collect`` found.
-
-How it works and why: docs/internals.md, ``safeloader._doctor``.
-"""
+"""The report of ``safeloader doctor`` as text, from what ``collect`` found
+(why: docs/internals.md, ``safeloader._doctor``)."""
 
 from __future__ import annotations
 

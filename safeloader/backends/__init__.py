@@ -1,13 +1,10 @@
-"""Built-in backends: one module per native library, each declaring one ``Backend`` (``_backend``).
-
-A backend module imports nothing of its library at import time: its hook
-declares ``requires=(...)`` and runs only when the program imported the
-library. Adding a backend is adding its module to ``BUILTIN``.
-"""
+"""Built-in backends: the modules of this package without a leading underscore, each defining
+``BACKEND``, a ``Backend`` that imports nothing of its library until the program did."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from typing import Any
 
@@ -16,11 +13,18 @@ from .._options import Options
 from ..errors import RegistrationError
 from ._backend import Backend
 
-# Modules under safeloader.backends, registered in this order at import of safeloader.
-BUILTIN: tuple[str, ...] = (
-    "forkstate", "zarrs", "polars", "sockets", "files", "h5py", "npz", "lmdb", "fsspec",
-    "threadpools", "executors", "torch_state", "gc_freeze", "pin_memory", "blosc2", "pyav",
-)
+
+def discover(folder: str) -> tuple[str, ...]:
+    """The backend modules in ``folder``: its ``.py`` files without a leading underscore, by name."""
+    # A listing of the folder, not pkgutil or an import of each candidate: importing safeloader stays cheap.
+    return tuple(sorted(
+        entry[:-3] for entry in os.listdir(folder) if entry.endswith(".py") and not entry.startswith("_")
+    ))
+
+
+BUILTIN: tuple[str, ...] = discover(os.path.dirname(__file__))
+"""The built-in backends' modules, registered in this order (by name) at import of safeloader. Where
+their hooks run around a fork is what each declares (``first``, ``last``, ``runs_after``), not this order."""
 
 _backends: list[Backend] = []
 _lock = threading.Lock()  # two threads registering backends at once: neither registration is lost
@@ -29,7 +33,13 @@ _lock = threading.Lock()  # two threads registering backends at once: neither re
 def register_builtin() -> None:
     """Register every built-in backend's fork hook."""
     for name in BUILTIN:
-        backend = importlib.import_module(f"{__name__}.{name}").BACKEND
+        module = importlib.import_module(f"{__name__}.{name}")
+        backend = getattr(module, "BACKEND", None)
+        if not isinstance(backend, Backend):
+            raise RegistrationError(
+                f"{module.__name__} must define BACKEND, a Backend instance (a helper module's name starts "
+                f"with an underscore), got {backend!r}"
+            )
         with _lock:
             backend.register()
             _backends.append(backend)

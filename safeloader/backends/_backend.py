@@ -1,12 +1,7 @@
 """The shape every backend declares: one small class per native library, its state on the instance.
 
-A backend says what it handles (``name``, ``description``), when it runs (``requires``, ``first``,
-``runs_after``), and what it does around each worker fork: ``before`` decides in the parent what
-the worker needs and returns it, the fork's plan; ``after_in_parent`` and ``after_in_child`` receive
-that plan. ``prepare_start`` checks a loader before any worker exists; ``status`` and ``hazards`` speak
-for ``doctor``.
-``backends.register_builtin`` registers the built-ins; ``safeloader.register_backend`` registers yours.
-"""
+What it handles, when it runs and where around the fork, its phases (``before`` returns the fork's
+plan, ``after_*`` receive it), ``prepare_start``, and what it tells ``doctor`` (``status``, ``hazards``)."""
 
 from __future__ import annotations
 
@@ -52,13 +47,15 @@ class Backend:
     """
 
     name: ClassVar[str]
-    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``); a constant of ``hook_names``."""
+    """The fork hook's name (``disable_hooks=``, ``safeloader.disable``)."""
     description: ClassVar[str]
     """What it does for a worker, in one line (``doctor``'s hook table)."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Modules that must be imported for it to run: a library the program never imported costs nothing."""
     first: ClassVar[bool] = False
     """Among the hooks nearest the fork: ``after_*`` before the plain hooks', ``before`` after theirs."""
+    last: ClassVar[bool] = False
+    """Among the hooks farthest from the fork: ``before`` before the plain hooks', ``after_*`` after theirs."""
     runs_after: ClassVar[tuple[str, ...]] = ()
     """Hooks whose ``after_*`` callbacks run before this one's (its ``before`` runs before theirs)."""
     libraries: ClassVar[tuple[Library | str, ...]] = ()
@@ -161,6 +158,7 @@ class Backend:
             after_in_child=after_in_child,
             name=self.name,
             first=self.first,
+            last=self.last,
             runs_after=self.runs_after,
             requires=self.requires,
             description=self.description,

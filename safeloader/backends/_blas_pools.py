@@ -1,9 +1,5 @@
-"""The BLAS and OpenMP pools among the loaded libraries, and how a worker lowers their thread counts.
-
-Found in the parent by the "threadpools" backend (``PoolFinder``), inherited by each worker, which
-then only calls C functions (``lower_threads``). How it works and why: docs/internals.md,
-``safeloader.backends.threadpools``.
-"""
+"""The BLAS and OpenMP pools among the loaded libraries (found in the parent, ``PoolFinder``) and how a
+worker lowers their counts (``lower_threads``) (why: docs/internals.md, ``safeloader.backends.threadpools``)."""
 
 from __future__ import annotations
 
@@ -55,15 +51,8 @@ class Pool:
 
 
 class PoolFinder:
-    """The pools among a process's loaded libraries, each path looked at once per process.
-
-    Held by the backend in the parent and inherited: its ctypes handles stay valid in the child,
-    which then only calls the set-threads functions (a worker pays microseconds instead of a
-    library scan). Only a file whose name, or whose link's target, has a BLAS/OpenMP prefix is
-    looked at: OpenBLAS and OpenMP runtimes with ctypes, others through threadpoolctl (its whole
-    scan resolves the real path of every loaded object: 15 ms with 300 loaded, at the first loader
-    start; its import: 2 ms).
-    """
+    """The pools among a process's loaded libraries, each path looked at once per process; held by the
+    backend in the parent and inherited (its ctypes handles stay valid in the child)."""
 
     def __init__(self) -> None:
         self._last: tuple[tuple[str, ...], tuple[Pool, ...]] | None = None  # (loaded libraries, their pools)
@@ -185,14 +174,8 @@ def _threadpoolctl_pool(path: str) -> Pool | None:
 
 
 def _threadpoolctl_library(path: str) -> Any:
-    """threadpoolctl's controller (a ``LibController``) of the library loaded from ``path``, or None.
-
-    threadpoolctl's public API finds a library only by its whole scan, ``ThreadpoolController()``,
-    which resolves the real path of every loaded object (15 ms with 300 loaded, at the first loader
-    start): its own per-path step is used instead, ``ThreadpoolController._from_controllers`` and
-    ``_make_controller_from_path``, both private. Checked against threadpoolctl 3.2.0 and 3.8.0 (this
-    project requires >= 3.5). Where a release drops them, the public scan, searched by real path.
-    """
+    """threadpoolctl's controller of the library loaded from ``path``, or None, through its private
+    per-path step where it has one (docs/internals.md, ``safeloader.backends.threadpools``)."""
     import threadpoolctl
 
     try:
@@ -266,16 +249,8 @@ def lowers_in_place(pool: Pool) -> bool:
 
 
 def lower_threads(pool: Pool, threads: int) -> None:
-    """Lower a pool's thread count in a freshly forked worker.
-
-    OpenBLAS (pthreads) shut its pool down at fork; ``openblas_set_num_threads``
-    starts it again on the spot, and its threads busy-wait for about 0.1 s of
-    CPU per worker (it doubled the time to first batch with 4 workers on 2
-    cores). Lowering the count only needs what that call ends with, writing
-    OpenBLAS's ``blas_cpu_number``; the pool then starts lazily, at
-    the worker's first BLAS call, with that count. Anything else goes through
-    its C setter or threadpoolctl. A count already at or below ``threads`` is left.
-    """
+    """Lower a pool's thread count in a freshly forked worker, starting no thread (OpenBLAS: its
+    ``blas_cpu_number`` written); a count already at or below ``threads`` is left."""
     library = pool.library
     current = pool.get_threads() if pool.get_threads is not None else library.num_threads
     if current <= threads:

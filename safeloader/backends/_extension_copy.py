@@ -1,7 +1,5 @@
-"""A private copy of a native extension module for a forked worker, and the Python names that must follow it.
-
-How it works and why: docs/internals.md, ``safeloader.backends._extension_copy``.
-"""
+"""A private copy of a native extension module for a forked worker, and the Python names that must follow it
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -67,13 +65,8 @@ def load_copy(name: str, fd: int) -> ModuleType:
 
 @dataclass(frozen=True)
 class Reference:
-    """One place holding an object of the old module: ``container[key]`` is the object at ``path``.
-
-    ``container`` is a module's or a class's namespace, or a module-level
-    dict; ``path`` names the object in the module: ``()`` the module itself,
-    ``("PySeries",)`` a class or function, ``("PySeries", "new_str")`` a
-    static or class method.
-    """
+    """One place holding an object of the old module: ``container[key]`` (a namespace or a module-level
+    dict) is the object at ``path`` in the module (``()`` the module, ``("PySeries", "new_str")`` a method)."""
 
     container: Any
     key: Any
@@ -163,11 +156,7 @@ def resolve(module: ModuleType, path: tuple[str, ...]) -> Any:
 
 
 def rebind(old: ModuleType, new: ModuleType, references: tuple[Reference, ...]) -> None:
-    """Point every reference found in the parent at ``new``'s counterpart.
-
-    Checks every reference first (still holding ``old``'s object, counterpart
-    present) and changes nothing if one fails: mixing the copies fails later.
-    """
+    """Point every reference found in the parent at ``new``'s counterpart, all or none (each checked first)."""
     owned = _owned(old)
     replacements = []
     for reference in references:

@@ -1,8 +1,5 @@
-"""torch's default CPU generator's lock, left held in a forked worker by a parent thread that was
-drawing random numbers at the fork, made new there.
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""torch's default CPU generator's lock, left held in a forked worker by a parent thread that was drawing random
+numbers at the fork, made new there (why: docs/internals.md, ``safeloader.backends.torch_state``)."""
 
 from __future__ import annotations
 
@@ -32,36 +29,35 @@ def _layout_known(ctypes: Any, torch: Any) -> bool:
     return raw[:_MUTEX_SIZE] == bytes(_MUTEX_SIZE) and raw[_MUTEX_SIZE:] == _CPU_DEVICE
 
 
-_found: tuple[int | None] | None = None  # (the default generator's mutex address or None), once found
+class DefaultGeneratorLock:
+    """torch's default CPU generator's mutex, found once in the parent (the torch backend's ``before``):
+    each worker inherits the answer."""
 
+    def __init__(self) -> None:
+        self._found: tuple[int | None] | None = None  # (the mutex's address or None), once found
 
-def default_mutex() -> int | None:
-    """The address of torch's default CPU generator's mutex, None where torch is not imported or its
-    layout is not the one checked for. Found once per process: called in the parent before the
-    workers fork (the torch backend's ``before``), each worker inherits the answer."""
-    global _found
-    if _found is None:
-        torch = sys.modules.get("torch")
-        generator = getattr(torch, "default_generator", None)
-        if generator is None:
-            return None  # torch not imported (yet): asked again later
+    def address(self) -> int | None:
+        """The mutex's address; None where torch is not imported or its layout is not the one checked for."""
+        if self._found is None:
+            torch = sys.modules.get("torch")
+            generator = getattr(torch, "default_generator", None)
+            if generator is None:
+                return None  # torch not imported (yet): asked again later
+            import ctypes
+
+            self._found = (_mutex_address(ctypes, generator) if _layout_known(ctypes, torch) else None,)
+        return self._found[0]
+
+    def release_abandoned(self) -> bool:
+        """In a forked child: make the lock new if a thread the child does not have holds it. True when it did."""
+        address = self.address()
+        if address is None:
+            return False
         import ctypes
 
-        _found = (_mutex_address(ctypes, generator) if _layout_known(ctypes, torch) else None,)
-    return _found[0]
-
-
-def release_abandoned() -> bool:
-    """In a forked child: make torch's default CPU generator's lock new if a thread the child does not
-    have holds it. True when it did."""
-    address = default_mutex()
-    if address is None:
-        return False
-    import ctypes
-
-    lock = ctypes.c_int.from_address(address).value  # __lock
-    owner = ctypes.c_int.from_address(address + 8).value  # __owner: the holder's thread id
-    if lock == 0 or owner in (0, threading.get_native_id()):
-        return False
-    ctypes.memset(address, 0, _MUTEX_SIZE)  # PTHREAD_MUTEX_INITIALIZER
-    return True
+        lock = ctypes.c_int.from_address(address).value  # __lock
+        owner = ctypes.c_int.from_address(address + 8).value  # __owner: the holder's thread id
+        if lock == 0 or owner in (0, threading.get_native_id()):
+            return False
+        ctypes.memset(address, 0, _MUTEX_SIZE)  # PTHREAD_MUTEX_INITIALIZER
+        return True

@@ -1,7 +1,5 @@
-"""GNU OpenMP's thread pool released in the parent right before a worker fork, so the worker has none.
-
-How it works and why: docs/internals.md, ``safeloader.backends._gomp_pause``.
-"""
+"""GNU OpenMP's thread pool released in the parent right before a worker fork, so the worker has none
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -40,22 +38,9 @@ def _pause_function(path: str, libraries: tuple[str, ...]) -> Any:
 
 
 def release(paths: tuple[str, ...], libraries: tuple[str, ...] = ()) -> dict[str, str]:
-    """Release the calling thread's pool in each libgomp copy at ``paths`` (real paths of loaded
-    copies; ``libraries``: the loaded objects' names, as ``forkstate`` lists them); returns the copies
-    whose pool could not be released, each with why.
-
-    Called on the forking thread, just before the fork. libgomp keeps one pool per thread that
-    started a parallel region (its ``thread_pool``, thread-local) and no fork handler: a forked child
-    keeps the forking thread's pool, counting threads it does not have, and its next region with
-    more than one thread waits for them for ever. ``omp_pause_resource_all`` (OpenMP 5.0; GCC 9 and
-    later) runs libgomp's ``gomp_pause_host``: on the calling thread only, it wakes the pool's
-    threads, lets each exit and joins them, frees the pool, and returns 0; it returns -1, touching
-    nothing, when the calling thread is inside a parallel region. The thread's settings
-    (``omp_set_num_threads``, its implicit task's ICVs) are kept, and its next parallel region starts
-    a new pool: the parent's later OpenMP use is unchanged but for starting its threads again. The
-    pools of other threads are not touched (a region another thread runs goes on), and a forked
-    child never has those threads' thread-local pools.
-    """
+    """Release the calling thread's pool in each libgomp copy at ``paths`` (``libraries``: the loaded
+    objects, as ``forkstate`` lists them), on the forking thread just before the fork; returns the
+    copies whose pool could not be released, each with why."""
     refused: dict[str, str] = {}
     for path in paths:
         pause = _pause_function(path, libraries)

@@ -1,8 +1,6 @@
-"""In a worker, torch's accelerator modules note where a lazily queued call came from without reading
-any source file: the stack is formatted only if it is ever read.
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""In a worker, torch's accelerator modules note where a lazily queued call came from without reading any source
+file: the stack is formatted only if it is ever read
+(why: docs/internals.md, ``safeloader.backends.torch_state``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""numpy's global RandomState, left locked in a forked worker by a parent thread that was drawing from
-it at the fork, made new there before torch's worker loop seeds it.
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""numpy's global RandomState, left locked in a forked worker by a parent thread that was drawing from it at the
+fork, made new there before torch's worker loop seeds it
+(why: docs/internals.md, ``safeloader.backends.torch_state``)."""
 
 from __future__ import annotations
 

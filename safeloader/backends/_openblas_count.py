@@ -1,8 +1,6 @@
-"""OpenBLAS's thread count (``blas_cpu_number``) as a ctypes int, also where a build keeps it private:
-a worker lowers it without the setter, which would start the whole pool again.
-
-How it works and why: docs/internals.md, ``safeloader.backends.threadpools``.
-"""
+"""OpenBLAS's thread count (``blas_cpu_number``) as a ctypes int, also where a build keeps it private: a worker
+lowers it without the setter, which would start the whole pool again
+(why: docs/internals.md, ``safeloader.backends.threadpools``)."""
 
 from __future__ import annotations
 
@@ -22,11 +20,8 @@ def cpu_number(dynlib: Any, getter: Any) -> Any:
 
 
 def private_cpu_number(getter: Any) -> Any:
-    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found without reading any
-    file: it is what ``openblas_get_num_threads`` returns, and on x86-64 that function's return
-    value is loaded by ``mov eax, [rip + offset]`` right before ``ret`` (bytes 8b 05, 4 bytes of
-    offset, c3). Trusted only if it holds what the getter returns; None where no such load is found
-    (another architecture or compiler: workers then keep the parent's count)."""
+    """OpenBLAS's ``blas_cpu_number`` where the build keeps it private, found in ``openblas_get_num_threads``'
+    code (x86-64: ``mov eax, [rip + offset]; ret``) and trusted only if it holds what the getter returns."""
     import ctypes
 
     if platform.machine() != "x86_64":

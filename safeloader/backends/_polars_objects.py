@@ -1,7 +1,5 @@
-"""In a worker: polars objects built before the fork move to the worker's own polars runtime.
-
-How it works and why: docs/internals.md, ``safeloader.backends._polars_objects``.
-"""
+"""In a worker: polars objects built before the fork move to the worker's own polars runtime
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""torch's thread count in a worker: the budget for torch's worker loop, and a clear error where more
-than one OpenMP thread would hang (a GNU OpenMP pool of the parent's that could not be released).
-
-How it works and why: docs/internals.md, ``safeloader.backends.threadpools``.
-"""
+"""torch's thread count in a worker: the budget for torch's worker loop, and a clear error where more than one
+OpenMP thread would hang (a GNU OpenMP pool of the parent's that could not be released)
+(why: docs/internals.md, ``safeloader.backends.threadpools``)."""
 
 from __future__ import annotations
 
@@ -17,14 +15,8 @@ __all__ = ["guard_torch_threads"]
 
 
 class _TorchSetNumThreads:
-    """Stands in for ``torch.set_num_threads`` in a worker.
-
-    torch's worker loop calls ``torch.set_num_threads(1)`` after the fork
-    hooks ran; that call gets the budget instead. Afterwards, if the parent's
-    pool of torch's OpenMP runtime could not be released before the fork
-    (``_gomp_pause``; ``pinned`` says why), asking for more than one thread
-    raises: libgomp would hang at the next parallel region.
-    """
+    """Stands in for ``torch.set_num_threads`` in a worker: torch's worker loop's call gets the budget;
+    later, more than one thread raises where the parent's GNU OpenMP pool stayed (``pinned`` says why)."""
 
     def __init__(self, original: Any, budget: int, pinned: str) -> None:
         self.original = original

@@ -1,10 +1,5 @@
-"""What the zarrs backend relies on, checked before a worker is forked.
-
-Each mode leans on private structure of zarr / zarrs-python; when it is not
-what the backend was written for, the check returns a reason and the backend
-falls back to the next mode instead of guessing (a wrong guess could hang).
-Only imported from fork hooks, i.e. when zarrs is already imported.
-"""
+"""What the zarrs backend relies on in zarr / zarrs-python, checked before a worker is forked: a
+mode whose layout differs falls back to the next mode (a wrong guess could hang)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""A private copy of zarrs' native extension for each forked worker.
-
-How it works and why: docs/internals.md, ``safeloader.backends._zarrs_native``.
-"""
+"""A private copy of zarrs' native extension for each forked worker (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -50,12 +47,8 @@ def find_bindings(internal: ModuleType) -> tuple[Binding, ...]:
 
 
 def install_copy(old: ModuleType, new: ModuleType, bindings: tuple[Binding, ...]) -> None:
-    """Point ``bindings`` (found in the parent) and ``sys.modules`` at ``new``.
-
-    Mixing the two modules fails loudly ("'ChunkItem' object cannot be cast
-    as 'ChunkItem'"), so every binding must move; one that no longer holds
-    ``old``'s object means the layout changed since the parent looked.
-    """
+    """Point ``bindings`` (found in the parent) and ``sys.modules`` at ``new``; every binding must move
+    (mixing the two modules fails), and one no longer holding ``old``'s object means the layout changed."""
     for module_name, attribute, name in bindings:
         module = sys.modules[module_name]
         if getattr(module, attribute, None) is not getattr(old, name):

@@ -1,7 +1,4 @@
-"""In a worker: every zarrs pipeline decodes through the worker's chosen mode.
-
-How it works and why: docs/internals.md, ``safeloader.backends._zarrs_pipelines``.
-"""
+"""In a worker: every zarrs pipeline decodes through the worker's chosen mode (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -81,12 +78,8 @@ async def _write(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _prepare(pipeline: Any) -> Any:
-    """Bring ``pipeline`` up to date for this process; the zarr-python pipeline to use instead, if any.
-
-    Runs on zarr's event-loop thread with no ``await`` in between, so two
-    reads cannot interleave here; a pipeline used from elsewhere at worst gets
-    rebuilt twice, both results valid.
-    """
+    """Bring ``pipeline`` up to date for this process (on zarr's event-loop thread, no ``await`` in between);
+    the zarr-python pipeline to use instead, if any."""
     here = os.getpid()
     state = pipeline.__dict__
     if state.get(_READY_IN) == here:

@@ -1,7 +1,5 @@
-"""blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.blosc2``.
-"""
+"""blosc2: C-Blosc2's thread pools, started in the parent, do not hang forked workers
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -14,14 +12,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _hooks, hook_names
+from .. import _hooks
 from .._context import ForkContext
 from .._options import Options
 from ..errors import Blosc2PoolError
 from ._backend import Backend
 from ._object_graph import find_instances
 
-NAME = hook_names.BLOSC2
+NAME = "blosc2"
 
 __all__ = ["BACKEND", "NAME", "Blosc2PoolError"]
 
@@ -92,10 +90,8 @@ def _pool_threads() -> int:
 
 
 def _all_schunks(schunk_type: type) -> list[Any]:
-    """Every SChunk of the process (by type, never ``isinstance``: a proxy's ``__class__`` runs code).
-
-    Objects frozen with ``gc.freeze()`` are not listed by the collector: they are unfrozen for
-    the scan and frozen again (with the young objects: freezing is only a performance hint)."""
+    """Every SChunk of the process, by type (never ``isinstance``: a proxy's ``__class__`` runs code),
+    frozen objects included (unfrozen for the scan)."""
     frozen = gc.get_freeze_count()
     if frozen:
         gc.unfreeze()
@@ -117,10 +113,14 @@ def _all_schunks(schunk_type: type) -> list[Any]:
 
 
 class Blosc2Backend(Backend):
-    name = hook_names.BLOSC2
+    name = NAME
     description = "blosc2's thread pools are stopped around each fork; each worker starts its own, within the budget"
     requires = ("blosc2",)
     libraries = ("blosc2",)  # the blosc2 package's C-Blosc2 (blosc2_ext), not another's libblosc2
+    # Outermost: its `before` stops blosc2's threads before any other hook looks at the parent's threads
+    # (forkstate's record, which threadpools, polars and zarrs plan from and the worker reads as its
+    # parent's state: those threads are gone at the fork); its `after_in_parent` restarts them last.
+    last = True
 
     def __init__(self) -> None:
         # loader -> the SChunks to lower before each of its worker forks (the Dataset's, at its

@@ -1,8 +1,5 @@
-"""Python thread pools the parent uses work in forked workers: ``concurrent.futures.ThreadPoolExecutor``
-and ``multiprocessing.pool.ThreadPool``.
-
-How it works and why: docs/internals.md, ``safeloader.backends.executors``.
-"""
+"""Python thread pools the parent uses work in forked workers: ``concurrent.futures.ThreadPoolExecutor`` and
+``multiprocessing.pool.ThreadPool`` (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -11,11 +8,10 @@ import sys
 import threading
 from typing import Any, NamedTuple
 
-from .. import hook_names
 from .._context import ForkContext
 from ._backend import Backend
 
-NAME = hook_names.EXECUTORS
+NAME = "executors"
 
 __all__ = ["BACKEND", "NAME"]
 
@@ -62,10 +58,8 @@ def _live_thread_pools() -> list[Any]:
 
 
 def _restart_thread_pool(pool: Any) -> None:
-    """Give the worker's copy of ``pool`` what a new ThreadPool of the same size has: its own
-    threads, queues and result cache (tasks the parent had queued are the parent's). The same
-    object, so every reference to it works; the parent's termination is dropped (its threads are
-    not here), and the new one is registered for this object."""
+    """Give the worker's copy of ``pool`` its own threads, queues and result cache, as a new ThreadPool of
+    the same size, keeping the object (the parent's termination dropped, its own registered)."""
     from multiprocessing.pool import ThreadPool
 
     pool._terminate.cancel()

@@ -5,11 +5,11 @@ What it records is ``safeloader.forkstate.parent_state()`` in the worker, read b
 
 from __future__ import annotations
 
-from .. import forkstate, hook_names
+from .. import forkstate
 from .._context import ForkContext
 from ._backend import Backend
 
-NAME = hook_names.FORKSTATE
+NAME = "forkstate"
 
 __all__ = ["BACKEND", "NAME"]
 

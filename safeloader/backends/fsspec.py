@@ -1,7 +1,5 @@
-"""fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.fsspec``.
-"""
+"""fsspec: async filesystems (HTTP, s3fs, gcsfs...) created in the parent work in forked workers
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -9,11 +7,10 @@ import os
 import sys
 from typing import Any
 
-from .. import hook_names
 from .._context import ForkContext
 from ._backend import Backend, Hazard
 
-NAME = hook_names.FSSPEC
+NAME = "fsspec"
 
 def adopt_parent_filesystems() -> None:
     """In a worker: make filesystems and files from the parent rebuild themselves on first use."""
@@ -77,7 +74,7 @@ def sync_on(loop: Any, func: Any) -> Any:
 
 
 class FsspecBackend(Backend):
-    name = hook_names.FSSPEC
+    name = NAME
     description = 'async filesystems from the parent are rebuilt in each worker on first use (own loop and session)'
     requires = ("fsspec.asyn",)
 

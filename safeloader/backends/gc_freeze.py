@@ -1,18 +1,15 @@
-"""The "gc" backend: each worker freezes the objects it inherits (option ``freeze_gc``).
-
-How it works and why: docs/internals.md, ``safeloader.backends.gc_freeze``.
-"""
+"""The "gc" backend: each worker freezes the objects it inherits (option ``freeze_gc``)
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
 import gc
 
-from .. import hook_names
 from .._context import ForkContext
 from .._hooks import FastFork
 from ._backend import Backend
 
-NAME = hook_names.GC
+NAME = "gc"
 PAUSED = True
 """The plan of a fork around which ``before`` paused collection (the C path's later forks too)."""
 
@@ -20,7 +17,7 @@ __all__ = ["BACKEND", "NAME"]
 
 
 class GcBackend(Backend):
-    name = hook_names.GC
+    name = NAME
     description = "each worker freezes the objects it inherits (no copy-on-write by its garbage collections)"
 
     def before(self, ctx: ForkContext) -> bool | None:

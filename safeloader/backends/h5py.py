@@ -1,7 +1,4 @@
-"""h5py: HDF5 files opened in the parent work in every DataLoader worker.
-
-How it works and why: docs/internals.md, ``safeloader.backends.h5py``.
-"""
+"""h5py: HDF5 files opened in the parent work in every DataLoader worker (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -10,15 +7,17 @@ import sys
 import warnings
 from typing import Any
 
-from .. import _hooks, hook_names
+from .. import _hooks
 from .._context import ForkContext, fork_context
 from .._options import Options
 from ..diagnostics.native_libraries import Library
 from ..errors import WritableFileWarning
 from . import _reopen
 from ._backend import Backend, Hazard
+from .files import NAME as FILES
+from .sockets import NAME as SOCKETS
 
-NAME = hook_names.H5PY
+NAME = "h5py"
 
 
 Inodes = frozenset[tuple[int, int]]
@@ -181,11 +180,11 @@ def reopen_object(file: Any, name: str) -> Any:
 
 
 class H5pyBackend(Backend):
-    name = hook_names.H5PY
+    name = NAME
     description = 'HDF5 files the parent holds writable are made read-only in workers, with a warning'
     # Before "files" privatizes the read-only descriptors, it makes those of writable files read-only.
     first = True
-    runs_after = (hook_names.SOCKETS,)
+    runs_after = (SOCKETS,)
     requires = ("h5py",)
     plan_per_start = True  # its plan, the writable files prepare_start found, holds for the whole start
     libraries = (
@@ -239,7 +238,7 @@ class H5pyBackend(Backend):
                 continue
             what = f"open h5py file {name} (mode {mode!r}): workers would share the parent's HDF5 handle"
             if mode == "r":
-                hazard = Hazard("open file", "h5py", what, hook_names.FILES, "each worker reads it through its "
+                hazard = Hazard("open file", "h5py", what, FILES, "each worker reads it through its "
                                 "own file offset", "open the file in the worker")
             else:
                 hazard = Hazard("open file", "h5py", what, otherwise="close the file before the loader starts")

@@ -1,7 +1,4 @@
-"""LMDB: environments a Dataset opened in the parent work in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.lmdb``.
-"""
+"""LMDB: environments a Dataset opened in the parent work in forked workers (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -9,15 +6,16 @@ import sys
 import weakref
 from typing import Any
 
-from .. import _hooks, hook_names
+from .. import _hooks
 from .._context import ForkContext
 from .._options import Options
 from ..errors import LmdbWritableError
 from . import _reopen
 from ._backend import Backend
 from ._object_graph import find_instances
+from .files import NAME as FILES
 
-NAME = hook_names.LMDB
+NAME = "lmdb"
 _MAX_DBS = 64  # the parent's max_dbs cannot be read back; enough for a worker's open_db calls
 
 
@@ -104,12 +102,12 @@ def reopen_environments(plan: Plan) -> None:
 
 
 class LmdbBackend(Backend):
-    name = hook_names.LMDB
+    name = NAME
     description = 'each worker opens its own copy of the LMDB environments the Dataset holds; writable ones refused'
     plan_per_start = True
     # Reopens environments once "files" gave the worker its own descriptors; before the plain backends.
     first = True
-    runs_after = (hook_names.FILES,)
+    runs_after = (FILES,)
     requires = ("lmdb",)
 
     def __init__(self) -> None:

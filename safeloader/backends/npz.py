@@ -1,7 +1,4 @@
-"""npz: ``np.load("x.npz")`` archives opened in the parent work in every worker.
-
-How it works and why: docs/internals.md, ``safeloader.backends.npz``.
-"""
+"""npz: ``np.load("x.npz")`` archives opened in the parent work in every worker (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +6,12 @@ import os
 import sys
 from typing import Any
 
-from .. import hook_names
 from .._options import Options
 from . import _reopen
 from ._backend import Backend, Hazard
+from .files import NAME as FILES
+
+NAME = "npz"
 
 
 def reduce_npz(npz: Any) -> tuple[Any, ...]:
@@ -54,7 +53,7 @@ class NpzBackend(Backend):
     """No fork hook of its own (the "files" hook privatizes the archive's descriptor):
     only pickling support for spawn/forkserver workers."""
 
-    name = hook_names.NPZ
+    name = NAME
     description = "npz archives opened in the parent are reopened in spawn/forkserver workers"
 
     def prepare_start(self, loader: Any, options: Options, start_method: str) -> None:
@@ -77,7 +76,7 @@ class NpzBackend(Backend):
             if issubclass(type(obj), npz_type) and getattr(obj, "zip", None) is not None:
                 path = getattr(obj.fid, "name", None) or getattr(obj.zip, "filename", None) or "<file object>"
                 what = f"open npz archive {path}: workers would share one file offset (BadZipFile, wrong data)"
-                found.append(Hazard("open file", "numpy npz", what, hook_names.FILES, "each worker reads the "
+                found.append(Hazard("open file", "numpy npz", what, FILES, "each worker reads the "
                                     "archive through its own file offset", "open the archive in the worker"))
         return found
 

@@ -1,7 +1,5 @@
-"""The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code.
-
-How it works and why: docs/internals.md, ``safeloader.backends.pin_memory``.
-"""
+"""The "pin_memory" backend: no worker fork while a pin-memory thread is inside native code
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from .._options import Options
 from .._torch_internals import PIN_MEMORY_MODULE
 from ._backend import Backend, Hazard
 
-NAME = hook_names.PIN_MEMORY
+NAME = "pin_memory"
 WAIT_SECONDS = 30.0
 """How long a fork waits for pin-memory calls in progress; then it forks anyway, with a warning."""
 
@@ -123,12 +121,8 @@ def gated() -> bool:
 
 
 def remove_gate() -> None:
-    """Give torch back its own pin_memory(); idempotent. Called by ``safeloader.uninstall()``.
-
-    Pin calls already waiting at the gate go on through torch's function. If
-    something else has wrapped the gate since, it is left in place (removing
-    it would drop that wrapper too), and goes on gating.
-    """
+    """Give torch back its own ``pin_memory()`` (``safeloader.uninstall()``); idempotent, and a wrapper
+    installed over the gate since is left in place."""
     module: Any = sys.modules.get(PIN_MEMORY_MODULE)
     original = BACKEND.original
     if module is not None and original is not None and getattr(module, "pin_memory", None) is _gated_pin_memory:
@@ -146,7 +140,7 @@ def status() -> str:
 
 
 class PinMemoryBackend(Backend):
-    name = hook_names.PIN_MEMORY
+    name = NAME
     description = 'worker forks wait for pin-memory threads to leave pin_memory() (no lock inherited held)'
     # Its `before` runs last (only the watchdog's clock after it), right before the fork, and its
     # `after_in_parent` first, so pin threads wait as briefly as possible.

@@ -1,7 +1,5 @@
-"""Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging.
-
-How it works and why: docs/internals.md, ``safeloader.backends.polars``.
-"""
+"""Built-in backend for polars: forked DataLoader workers run polars at full speed instead of hanging
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import _hooks, forkstate, hook_names
+from .. import _hooks, forkstate
 from .._context import ForkContext
 from .._imports import modules_state
 from ..diagnostics.native_libraries import Library
@@ -21,7 +19,7 @@ from . import _extension_copy, _polars_objects
 from ._backend import Backend
 from ._polars_objects import PolarsInheritedObjectError
 
-NAME = hook_names.POLARS
+NAME = "polars"
 PACKAGES = ("polars", "_polars_runtime_32", "_polars_runtime_64", "_polars_runtime_compat")
 SUPPORTED = ((2, 0), (3, 0))
 # Threads polars' runtime starts: its rayon pool ("polars-0"...), tokio ("tokio-rt-worker"),
@@ -74,7 +72,7 @@ def _version_problem() -> str | None:
 
 
 class PolarsBackend(Backend):
-    name = hook_names.POLARS
+    name = NAME
     description = "each worker runs polars on its own copy of polars' runtime (fresh rayon pool and tokio runtime)"
     plan_per_start = True
     requires = ("polars",)

@@ -1,7 +1,4 @@
-"""PyAV: the containers a Dataset opened in the parent decode in forked workers.
-
-How it works and why: docs/internals.md, ``safeloader.backends.pyav``.
-"""
+"""PyAV: the containers a Dataset opened in the parent decode in forked workers (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -11,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import hook_names
 from .._context import ForkContext
 from ._backend import Backend
 from ._object_graph import find_instances
+from .files import NAME as FILES
 
-NAME = hook_names.PYAV
+NAME = "pyav"
 
 __all__ = ["BACKEND", "NAME"]
 
@@ -137,12 +134,12 @@ def _open(reopen: _Reopen, av: Any) -> Any:
 
 
 class PyavBackend(Backend):
-    name = hook_names.PYAV
+    name = NAME
     description = "each worker opens its own copy of the PyAV input containers the Dataset holds (threaded decoders)"
     plan_per_start = True
     # Reopens once "files" gave the worker its own descriptors (a container reading a file object).
     first = True
-    runs_after = (hook_names.FILES,)
+    runs_after = (FILES,)
     requires = ("av",)
     libraries = ("av",)  # PyAV's FFmpeg (av.libs), not FFmpeg libraries other packages ship
 

@@ -1,7 +1,5 @@
-"""Sockets: no forked worker shares a TCP (or TLS) conversation with the parent; one-way streams stay shared.
-
-How it works and why: docs/internals.md, ``safeloader.backends.sockets``.
-"""
+"""Sockets: no forked worker shares a TCP (or TLS) conversation with the parent; one-way streams stay shared
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +10,14 @@ import stat
 import sys
 from typing import Any
 
-from .. import hook_names, native
+from .. import native
 from .._context import ForkContext
 from .._hooks import FastFork
 from . import _descriptors
 from ._backend import Backend
+from .pin_memory import NAME as PIN_MEMORY
 
-NAME = hook_names.SOCKETS
+NAME = "sockets"
 
 # Linux TCP states (tcp_states.h) in which a socket is not a stream shared with a peer.
 _TCP_CLOSE = 7
@@ -122,16 +121,7 @@ class StandIns:
 
 
 def _reconnect_http_client_connections() -> None:
-    """Make inherited ``http.client`` connections reconnect on their next request.
-
-    http.client does not check a kept-alive connection before reusing it; it
-    reconnects only when its socket is None (after ``close()``). Wrapping
-    ``putrequest`` in this worker closes a connection whose socket was severed
-    just before its next request starts (urllib3's subclasses have already
-    replaced theirs by then, and are unaffected), and one whose socket is a
-    still-shared stream the parent connected but never read from: a request
-    starts a conversation whose response the parent or a sibling could read.
-    """
+    """Make inherited ``http.client`` connections reconnect on their next request (why: docs/internals.md)."""
     import http.client
 
     original = http.client.HTTPConnection.putrequest
@@ -150,7 +140,7 @@ def _reconnect_http_client_connections() -> None:
 
 
 class SocketsBackend(Backend):
-    name = hook_names.SOCKETS
+    name = NAME
     description = (
         "each worker's inherited TCP/TLS connections that received data look closed by the server: clients "
         "reconnect; write-only streams stay shared"
@@ -159,7 +149,7 @@ class SocketsBackend(Backend):
     # handler) that closes a TLS connection must write its close_notify into
     # the stand-in, not into the parent's stream. Inside the pin-memory gate.
     first = True
-    runs_after = (hook_names.PIN_MEMORY,)
+    runs_after = (PIN_MEMORY,)
 
     def before(self, ctx: ForkContext) -> Any:
         # A socket's family and type never change (whether it is connected does: the worker checks).

@@ -1,8 +1,5 @@
-"""The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker.
-
-The pools themselves, found in the parent and lowered in each worker: ``_blas_pools``.
-How it works and why: docs/internals.md, ``safeloader.backends.threadpools``.
-"""
+"""The "threadpools" backend: a thread budget for BLAS and OpenMP pools in each worker (the pools:
+``_blas_pools``) (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _hooks, forkstate, hook_names
+from .. import _hooks, forkstate
 from .._context import ForkContext
 from .._options import Options
 from ..diagnostics.native_libraries import Library
@@ -20,7 +17,7 @@ from . import _blas_pools, _gomp_pause, _torch_threads
 from ._backend import Backend
 from ._blas_pools import Pool
 
-NAME = hook_names.THREADPOOLS
+NAME = "threadpools"
 
 __all__ = ["BACKEND", "NAME", "status"]
 
@@ -88,7 +85,7 @@ def _unreleased_message(path: str, why: str) -> str:
 
 
 class ThreadpoolsBackend(Backend):
-    name = hook_names.THREADPOOLS
+    name = NAME
     description = ("each worker's BLAS/OpenMP pools are limited to the thread budget; the parent's GNU OpenMP pool "
                    "is released before each fork")
     plan_per_start = True

@@ -1,35 +1,26 @@
-"""The "torch" backend: a clear error when a forked worker uses CUDA the parent initialised, the random
-generators torch's worker loop seeds (torch's and numpy's global one) made new in the worker when another
-parent thread held their lock at the fork, and torch's accelerator modules note where a lazily queued
-call came from without reading every frame's source file (``_lazy_stacks``).
-
-How it works and why: docs/internals.md, ``safeloader.backends.torch_state``.
-"""
+"""The "torch" backend: CUDA the parent initialised fails clearly in a worker; torch's and numpy's generator
+locks, held at the fork, are made new; lazy call stacks are formatted only if read (why: docs/internals.md)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any, NoReturn
 
-from .. import hook_names
 from .._context import ForkContext, fork_context
 from .._torch_internals import ACCELERATORS, LAZY_INIT, initialised_accelerators
 from ..errors import ForkedAcceleratorError
 from . import _lazy_stacks, _numpy_random_lock
 from ._backend import Backend, Hazard
-from ._generator_lock import default_mutex, release_abandoned
+from ._generator_lock import DefaultGeneratorLock
 
-NAME = hook_names.TORCH
+NAME = "torch"
 
 __all__ = ["BACKEND", "ACCELERATORS", "NAME", "ForkedAcceleratorError", "initialised_accelerators"]
 
 
 class _RefuseLazyInit:
-    """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it.
-
-    Every use of the device goes through ``_lazy_init`` (torch's C++ looks it
-    up on the module at call time), so this is where the worker's first use lands.
-    """
+    """Replaces ``torch.<accelerator>._lazy_init`` in a worker forked after the parent initialised it: every use
+    of the device goes through it (torch's C++ looks it up at call time)."""
 
     def __init__(self, accelerator: str) -> None:
         self.accelerator = accelerator
@@ -47,7 +38,7 @@ class _RefuseLazyInit:
 
 
 class TorchBackend(Backend):
-    name = hook_names.TORCH
+    name = NAME
     description = (
         "a worker that touches CUDA/XPU initialised in the parent gets a clear error; torch's random "
         "generator lock and numpy's global RandomState, held by another parent thread at the fork, are made "
@@ -56,16 +47,19 @@ class TorchBackend(Backend):
     plan_per_start = True
     requires = ("torch",)
 
+    def __init__(self) -> None:
+        self.generator_lock = DefaultGeneratorLock()
+
     def before(self, ctx: ForkContext) -> tuple[str, ...]:
         """The accelerators the parent initialised: the worker refuses them."""
-        default_mutex()  # found here once, in the parent: every worker inherits it
+        self.generator_lock.address()  # found here once, in the parent: every worker inherits it
         return initialised_accelerators()
 
     def after_in_child(self, ctx: ForkContext, plan: tuple[str, ...] | None) -> None:
         # torch's worker loop seeds every accelerator next, each noting where the call came from by
         # reading the source of every frame: 2-3 ms and 300 pages of each worker's start, now none.
         _lazy_stacks.install_in_worker()
-        release_abandoned()  # before torch's worker loop seeds the generators (docs/internals.md)
+        self.generator_lock.release_abandoned()  # before torch's worker loop seeds the generators (docs/internals.md)
         _numpy_random_lock.release_abandoned()
         for accelerator in plan or ():
             module: Any = sys.modules.get(f"torch.{accelerator}")

@@ -1,7 +1,5 @@
-"""Built-in backend for zarrs (zarrs-python): forked DataLoader workers decode without hanging.
-
-How it works and why: docs/internals.md, ``safeloader.backends.zarrs``.
-"""
+"""Built-in backend for zarrs (zarrs-python): forked DataLoader workers decode without hanging
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
-from .. import _hooks, forkstate, hook_names
+from .. import _hooks, forkstate
 from .._context import ForkContext
 from .._imports import modules_state
 from .._options import ZARRS_MODES
@@ -23,7 +21,7 @@ from ._backend import Backend, Hazard
 from ._zarrs_layout import SUPPORTED_VERSIONS
 from ._zarrs_pipelines import ZarrsStoreError, worker_mode
 
-NAME = hook_names.ZARRS
+NAME = "zarrs"
 PYTHON_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
 
 __all__ = ["BACKEND", "NAME", "SUPPORTED_VERSIONS", "ZarrsFallbackWarning", "ZarrsStoreError", "worker_mode"]
@@ -40,7 +38,7 @@ class Plan:
 
 
 class ZarrsBackend(Backend):
-    name = hook_names.ZARRS
+    name = NAME
     description = "each worker decodes zarrs arrays with a fresh rayon pool (zarrs_mode)"
     plan_per_start = True
     requires = ("zarrs",)
@@ -78,11 +76,8 @@ class ZarrsBackend(Backend):
             self.setup_lock = threading.Lock()
 
     def resolve_mode(self, requested: str, copy: bool = True) -> str:
-        """The mode workers will use when ``requested`` is asked for: itself, or the first that can be set up.
-
-        ``copy``: "pool" needs the spare copy of the extension (zarrs' runtime has threads
-        here). Warns once per process on a fallback; raises if no mode can be set up.
-        """
+        """The mode workers will use for ``requested``: itself, or the first that can be set up (``copy``: "pool"
+        needs the spare copy); warns once on a fallback, raises if none can."""
         with self.setup_lock:
             return self._resolve_mode_locked(requested, copy)
 
@@ -133,14 +128,7 @@ class ZarrsBackend(Backend):
         return self._spare
 
     def _ensure_copy(self) -> str | None:
-        """Load this process's spare copy of the extension once; why it failed, or None.
-
-        The copy's statics (rayon's global pool, tokio's runtime) are built on
-        first use, and the parent never uses it, so each forked worker inherits
-        it as new. It is loaded from a memfd with the same bytes, since the
-        dynamic loader maps a file only once per process; the memfd is closed at
-        once (the mapping keeps its pages), so workers inherit no descriptor.
-        """
+        """Load this process's spare copy of the extension (never used here) once; why it failed, or None."""
         if self._spare is not None:
             return None
         if self._source is None:
@@ -165,13 +153,8 @@ class ZarrsBackend(Backend):
         return None
 
     def current_bindings(self) -> tuple[_zarrs_native.Binding, ...]:
-        """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, as the worker must move them.
-
-        Found again when the loaded ``zarrs`` modules changed since the last call
-        (a submodule imported after the first loader start binds its own objects).
-        Per fork this costs O(1) while nothing was imported: the pass over
-        ``sys.modules`` (~0.1 ms with torch loaded) runs only after an import.
-        """
+        """Every ``zarrs.*`` global bound to an object of ``zarrs._internal``, found again only after the
+        loaded ``zarrs`` modules changed (O(1) per fork otherwise)."""
         seen = modules_state()
         with self.setup_lock:
             if seen == self._modules_seen:

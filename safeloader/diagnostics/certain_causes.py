@@ -1,8 +1,5 @@
-"""Why a worker the watchdog is certain about never progresses: waiting idle, or spinning, inside a
-library whose threads its parent runs and it does not have.
-
-How it works and why: docs/internals.md, ``safeloader.diagnostics.certain_causes``.
-"""
+"""Why a worker the watchdog is certain about never progresses: waiting idle, or spinning, inside a library
+whose threads its parent runs and it does not have (why: docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """DuckDB's live connections and their async I/O threads: whether a forked worker's query would
-wait for threads it does not have.
-
-DuckDB 2.0's scheduler copes with fork (a worker's query runs on its calling thread), but its
-async I/O threads (``async_threads``, 8 by default) do not: a parquet scan in a forked worker
-waits for them forever (checked: 2.0.1). A database whose ``async_threads`` is 0 has none. The
-setting is read from each live connection, through a cursor of its own (the user's pending
-result is left as it was); nothing is imported (DuckDB is looked at only when the program imported it).
-"""
+wait for threads it does not have (why: docs/internals.md, ``safeloader.diagnostics.duckdb_connections``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What safeloader knows about native libraries whose threads a forked worker does not get: one
-table, read by the fork-time check (``unsafe_fork``), ``doctor`` and the stall report.
-
-How it works and why: docs/internals.md, ``safeloader.diagnostics.native_libraries``.
-"""
+"""What safeloader knows about native libraries whose threads a forked worker does not get: one table, read by
+the fork-time check (``unsafe_fork``), ``doctor`` and the stall report (why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -87,7 +84,8 @@ class Library:
 
 _handled: dict[str, tuple[Known, ...]] = {}  # backend name -> its HANDLED entries (``handled_by``)
 version = 0
-"""Bumped by every ``handled_by``: what is known of a library may have changed."""
+"""Bumped by every ``handled_by``: what is known of a library may have changed. Module state, as the
+table is: the process's libraries, the process's backends."""
 
 
 def handled_by(backend: str, libraries: tuple[Library | str, ...]) -> None:
@@ -228,11 +226,9 @@ def entry(path: str) -> tuple[Known | None, str]:
 def classify(
     paths: Iterable[str], wanted: Callable[[Known], bool] | None = None, *, table_order: bool = False
 ) -> tuple[Known | None, str, str | None]:
-    """The library a thread is in, from the objects (or Python files) ``paths`` its stack shows, innermost
-    first: (its entry, its package, its path) for the first with an entry that ``wanted`` accepts (with
-    ``table_order``, the one whose entry comes first in ``entries()``); else (None, the first path's
-    package, the first path); (None, "", None) for no paths. Used by doctor, the stall report and the
-    fork-time check alike."""
+    """The library a thread is in, from the objects (or Python files) ``paths`` its stack shows, innermost first:
+    (entry, package, path) for the first entry ``wanted`` accepts (``table_order``: by ``entries()``), else
+    (None, the first path's package, the first path); (None, "", None) for no paths."""
     first: tuple[str, str] | None = None
     found: list[tuple[Known, str, str]] = []
     for path in paths:

@@ -1,7 +1,5 @@
-"""Which library owns a native thread pool, and what kind of pool it is: for diagnostics.
-
-How it works and why: docs/internals.md, ``safeloader.diagnostics.native_pools``.
-"""
+"""Which library owns a native thread pool, and what kind of pool it is: for diagnostics
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ RUNTIME_SYMBOLS: dict[str, tuple[str, ...]] = {
     "tokio runtime": ("tokio::", "tokio_"),
 }
 
+# Module state below: caches of what this process loaded and imported.
 _runtimes: dict[str, tuple[str, ...]] = {}
 # File name of each extension module's shared object -> (its path as imported, module name),
 # for the sys.modules it was built from: rebuilt only after an import, with no file system
@@ -98,12 +97,8 @@ def owner(path: str) -> str:
 
 
 def package_of(path: str) -> str:
-    """The Python package that ships the shared object ``path`` ("polars", "av"), or its file name.
-
-    From the extension modules loaded from it, else from its place under a
-    ``site-packages`` (or ``dist-packages``) directory: ``av.libs/libavcodec-...so``
-    belongs to ``av``. Nothing is read from disk.
-    """
+    """The Python package that ships the shared object ``path`` ("polars", "av"), or its file name, from the
+    extension modules loaded from it or its place under site-packages; nothing is read from disk."""
     names = extension_modules(path)
     public = [name for name in names if not name.split(".")[0].startswith("_")]
     if public or names:

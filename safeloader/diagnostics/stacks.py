@@ -1,15 +1,6 @@
 """Stacks of another process's (or this process's) threads, for the stall report and ``doctor``.
 
-Python stacks come from faulthandler, registered in the target on one
-real-time signal; native stacks from the C extension's signal-safe backtrace,
-installed on another and asked of one thread at a time. Both write text to a
-descriptor; this module sends the signals, waits for the text and parses it.
-
-The signals are chosen by the process that installs the handlers, when it
-installs them (``native.free_signals``): real-time signals nobody holds there, so a
-handler of the user's, of faulthandler, pytest-timeout or a cluster's tooling
-is never taken. The target tells the sender which ones it chose.
-"""
+How it works and why: docs/internals.md, ``safeloader.diagnostics.stacks``."""
 
 from __future__ import annotations
 
@@ -134,11 +125,7 @@ def parse_native(text: str) -> dict[int, NativeFrames]:
 
 
 def python_stacks(pid: int, path: str, wait: float, signum: int) -> tuple[str, int | None]:
-    """(faulthandler's text, the main thread's ident) of ``pid``, whose handler on ``signum``
-    writes to ``path``.
-
-    The handler's file starts with a ``main-thread <ident>`` line written when it was installed.
-    """
+    """(faulthandler's text, the main thread's ident) of ``pid``, whose handler on ``signum`` writes to ``path``."""
     header = read_from(path, 0).splitlines()[:1]
     main_ident = int(header[0].split()[1], 16) if header and header[0].startswith("main-thread ") else None
     offset = size(path)
@@ -176,12 +163,8 @@ def native_threads(pid: int, tids: Iterable[int], frames: dict[int, NativeFrames
 
 
 def own_thread_libraries(tids: Iterable[int]) -> dict[int, list[str]]:
-    """Non-system libraries on each of this process's native threads' stacks (innermost first).
-
-    Signals this process's own threads, on a real-time signal nobody holds, which is
-    left as it was found (``SIG_DFL``) after; a thread blocking the signal stays
-    unknown. Empty without the extension, or when no real-time signal is free.
-    """
+    """Non-system libraries on each of this process's native threads' stacks (innermost first), asked on a free
+    real-time signal; empty without the extension or such a signal."""
     if not native.NATIVE:
         return {}
     import tempfile

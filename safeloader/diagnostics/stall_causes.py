@@ -1,10 +1,5 @@
-"""Why a stalled worker is stuck: the likely cause its stacks show, in words for the report.
-
-``stall_report`` collects a worker's stacks and words the ``WorkerStallError``; this module reads
-them: a library with words for a stall (``native_libraries``), a native pool inherited without its
-threads (``native_pools``), a lock another thread of the parent held at the fork (torch's and
-numpy's random generators, the dynamic loader, glibc's own), and names what would have prevented it.
-"""
+"""Why a stalled worker is stuck: the likely cause its stacks show (a library's words, a native pool
+inherited without its threads, a lock another parent thread held at the fork), and its remedy."""
 
 from __future__ import annotations
 
@@ -166,13 +161,8 @@ def likely_cause(report: WorkerStacks, watch: WatchedLoader) -> str:
 
 
 def native_pool_cause(main: NativeThread | None, watch: WatchedLoader) -> str | None:
-    """A worker whose main thread waits inside a library that runs a rayon pool or a tokio runtime.
-
-    Stripped Rust libraries show no frame names: the library the frames lie in
-    says whose pool it is, its bytes which runtime it links (``native_pools``),
-    and the parent (this process), which still has that pool's threads, says
-    it was live at the fork.
-    """
+    """A worker whose main thread waits inside a library that runs a rayon pool or a tokio runtime,
+    named from the library the frames lie in (stripped Rust shows no names) and the parent's live pool."""
     if main is None or not main.frames:
         return None
     library = next((lib for lib, _ in main.frames if not any(s in lib for s in stacks.SYSTEM_LIBRARIES)), None)

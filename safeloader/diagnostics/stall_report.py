@@ -1,9 +1,5 @@
-"""What a stalled worker was doing: its Python and native stacks, and the likely cause.
-
-Collected by the parent (``collect``), from dumps the worker writes when
-signalled (see ``watchdog``), explained (``stall_causes``) and turned into the
-``WorkerStallError`` message (``message``).
-"""
+"""What a stalled worker was doing: its stacks, collected by the parent (``collect``) from dumps the worker
+writes when signalled, explained (``stall_causes``) and worded as a ``WorkerStallError`` (``message``)."""
 
 from __future__ import annotations
 
@@ -90,12 +86,8 @@ def collect(
     native_signal: int = 0,
     waits_in: str | None = None,
 ) -> StallReport:
-    """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked).
-
-    ``python_path``/``native_path``: where its stack dumpers write, None where it has none;
-    ``python_signal``/``native_signal``: the signals the worker chose for them; ``waits_in``: the
-    library the watchdog saw its main thread wait in (``Watch.orphaned``), if any.
-    """
+    """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked): its dumpers'
+    paths and signals, and ``waits_in``, the library the watchdog saw its main thread wait in."""
     python_text, main_ident = "", None
     if python_path is not None and python_signal:
         python_text, main_ident = stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT, python_signal)

@@ -1,7 +1,5 @@
-"""Which shared object started each native thread of this process, read without stopping it.
-
-How it works and why: docs/internals.md, ``safeloader.diagnostics.thread_owners``.
-"""
+"""Which shared object started each native thread of this process, read without stopping it
+(why: docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -20,15 +18,7 @@ _POINTER = struct.calcsize("P")
 
 
 class _Segments:
-    """Where this process's loaded code lies, and which mapping holds a stack.
-
-    The code comes from the dynamic loader's list (its executable segments, walked in C in
-    about 0.1 ms), not from /proc/self/maps, whose text the kernel writes out for every mapping
-    (2-3 ms in a process with 300 libraries, the largest cost of a first loader start there).
-    It is listed again after the loader loaded or unloaded something (its counters). A stack's
-    mapping is asked of the kernel alone (PROCMAP_QUERY, Linux 6.11+), else read from
-    /proc/self/maps as before. Names are resolved (realpath) when first found on a stack.
-    """
+    """Where this process's loaded code lies (the dynamic loader's list), and which mapping holds a stack."""
 
     def __init__(self) -> None:
         self._counters: tuple[int, int] | None = None
@@ -88,7 +78,7 @@ def _resolve(name: str) -> str | None:
 _PROCMAP_QUERY = 0xC0686611
 _PROCMAP_QUERY_SIZE = 104
 _UNKNOWN = -1
-_procmap_query = True  # until the kernel says it has no such request
+_procmap_query = True  # until the kernel says it has no such request (module state: the kernel's answer)
 
 
 def _vma_end(address: int) -> int | None:
@@ -118,6 +108,7 @@ def _vma_end(address: int) -> int | None:
     return struct.unpack_from("=Q", request, 32)[0]
 
 
+# Module state: the process's code segments and threads (a forked child starts over: _owners holds its pid).
 _segments: _Segments | None = None
 _owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it started in)
 _waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
@@ -267,11 +258,8 @@ def _objects_below(pid: int, stack_pointer: int) -> list[str]:
 
 
 def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
-    """Whether the main thread of process ``pid`` (a forked worker of this process) waits inside
-    one of ``libraries``: (its system call line, the library, the process's CPU ticks so far), or
-    None if it runs, shows none of them on its innermost 16 KB of stack, or cannot be read (it
-    ended, or /proc refuses). Addresses are looked up among this process's mappings: a forked
-    worker has the same ones, at the same addresses, for every library loaded before its fork."""
+    """Whether the main thread of ``pid`` (a forked worker of this process, with its mappings) waits inside one
+    of ``libraries``: (its system call line, the library, its CPU ticks), else None."""
     blocked = _blocked_at(f"/proc/{pid}/syscall")
     try:
         with open(f"/proc/{pid}/stat") as f:

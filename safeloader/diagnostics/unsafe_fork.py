@@ -1,9 +1,5 @@
-"""The fork-time check's findings and words: ``Hazard`` (a library whose live threads a forked worker
-would lack), ``UnsafeForkWarning``, and the error that explains a worker such a library killed.
-
-The check itself, at a loader start, is ``safeloader._fork_check``. How it works and why:
-docs/internals.md, "on_unsafe_fork".
-"""
+"""The fork-time check's findings and words: ``Hazard``, ``UnsafeForkWarning``, and the error that explains
+a worker such a library killed; the check itself is ``safeloader._fork_check`` (why: docs/internals.md)."""
 
 from __future__ import annotations
 

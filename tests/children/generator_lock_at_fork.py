@@ -39,7 +39,7 @@ def until_the_lock_is_held():
 os.register_at_fork(before=until_the_lock_is_held)
 
 import safeloader  # noqa: E402
-from safeloader.backends._generator_lock import default_mutex  # noqa: E402
+from safeloader.backends.torch_state import BACKEND as TORCH_BACKEND  # noqa: E402
 
 DataLoader = torch.utils.data.DataLoader if sys.argv[1] == "torch" else safeloader.DataLoader
 OPTIONS = {
@@ -70,7 +70,7 @@ def draw():
 thread = threading.Thread(target=draw, daemon=True)
 thread.start()
 drawing.wait()
-lock_word = default_mutex()
+lock_word = TORCH_BACKEND.generator_lock.address()
 loader = DataLoader(Draws(), batch_size=1, num_workers=2, **OPTIONS[sys.argv[1]])
 try:
     batches = iter(loader)  # the workers are forked here
