@@ -11,7 +11,6 @@ from safeloader import DataLoader
 
 from .helpers import FAILURES, assert_torch_loader_fails, check_workers_and_parent
 from .http_data import HttpFsRecords
-from .s3_data import S3Records, S3Service
 
 pytestmark = [pytest.mark.usefixtures("clean_registry"), pytest.mark.timeout(90)]
 
@@ -38,7 +37,10 @@ def test_same_dataset_under_torch_loader_fails_or_hangs(through):
 
 def test_s3_filesystem_made_in_init_works_in_4_workers():
     # s3fs (aiobotocore) on a local S3 service: the same rebuild as the HTTP filesystem,
-    # with its own client session and credentials in each worker.
+    # with its own client session and credentials in each worker. Imported here: moto's server and
+    # s3fs cost about 0.8 CPU-seconds, at collection in every test process.
+    from .s3_data import S3Records, S3Service
+
     with S3Service() as service:
         dataset = S3Records(service.endpoint)
         loop = dataset.fs.loop
