@@ -63,14 +63,15 @@ def pytest_unconfigure(config):
     _use_tmpdir(config._safeloader_tmpdir_before)
 
 
-# -- the order: each test process starts with its share of the longest tests --------------------
+# -- the order: each test process runs its share of the longest tests in its first half --------
 # pytest-xdist's worksteal scheduler gives each worker a contiguous share of the collection (in
 # collection order), and a worker that runs out takes the second half of the longest remaining
 # queue (by count). A long test late in a share ran alone at the end of the session (Ray Train's,
-# one to three minutes, is in the middle of the alphabet), with the other workers idle. Each share
-# is reordered here to begin with the longest tests, dealt over the shares as evenly as their
-# durations allow; the others keep their order (one module's tests stay together: its
-# module-scoped fixtures start once). Only the order changes: every test runs, as before.
+# one to three minutes, is in the middle of the alphabet), with the other workers idle. The longest
+# tests are dealt here over the shares, longest first, each to the share with the least so far,
+# and spread over the first half of their share, so that they do not all start at once (a spike
+# of load that a test with a time limit of its own feels); the others keep their order (one
+# module's tests stay together: its module-scoped fixtures start once). Only the order changes.
 
 LONGEST = {
     # Test (a node id, or a test function's for all its parameters) -> seconds it took in
@@ -93,8 +94,6 @@ LONGEST = {
     "tests/test_benchmark_harness.py::test_executors_scenario_reports_epoch_and_first_batch_side_by_side": 45,
     "tests/test_trainers.py::test_lightning_ddp_on_cpu_rebuilds_safe_loaders_with_distributed_sampler": 40,
     "tests/test_watchdog_false_positives.py::test_a_stopped_job_longer_than_stall_timeout_completes": 35,
-    "tests/test_aborting_libraries.py::test_safeloader_names_the_library_and_starts_forkserver_workers_with_"
-    "correct_data": 35,
     "tests/test_user_signals.py::test_a_user_sigcont_handler_installed_after_a_loader_causes_no_false_stall": 35,
     "tests/test_user_signals.py::test_a_seven_second_stop_with_a_user_sigcont_handler_is_not_a_stall": 35,
     "tests/test_openmp_release.py::test_lightgbm_imported_first_predicts_in_workers_what_the_parent_predicts": 35,
@@ -140,8 +139,11 @@ def pytest_collection_modifyitems(config, items):
     rest = iter([item for item in items if id(item) not in chosen])
     ordered = []
     for head, size in zip(heads, sizes):
-        ordered += head
-        ordered += [next(rest) for _ in range(size - len(head))]
+        others = [next(rest) for _ in range(size - len(head))]
+        gap = len(others) // 2 // max(1, len(head))  # the others between two long ones
+        for i, item in enumerate(head):
+            ordered += [item, *others[i * gap : (i + 1) * gap]]
+        ordered += others[len(head) * gap :]
     assert len(ordered) == len(items)
     items[:] = ordered
 
