@@ -14,6 +14,9 @@
  *   of the open descriptors; descriptor_kinds(), whether a read-only file or a TCP socket is
  *   open, allocating nothing (between a loader start's forks); reserve_descriptor_slots(), grow
  *   the descriptor table ahead of need (safeloader/_fd_table.py).
+ * - private_files.c: file_records(), what the parent records of the regular files a worker
+ *   inherits, and privatize_files(), the worker's own open file description of each read-only
+ *   one (the "files" hook: a Dataset may hold thousands).
  * - proc_entries.c: the allocation-free listing of /proc/self/task and /proc/self/fd that
  *   threads_within and descriptor_kinds share.
  * - signals.c: signal_handler_address() tells whether a signal is free (a handler installed
@@ -107,6 +110,16 @@ static PyMethodDef methods[] = {
      "reserve_descriptor_slots($module, spare, /)\n--\n\n"
      "Grow this process's descriptor table to hold `spare` descriptors above the lowest free number "
      "(capped by the RLIMIT_NOFILE soft limit); the slots asked of the kernel, or 0 where nothing was done."},
+    {"file_records", sl_file_records, METH_VARARGS,
+     "file_records($module, fds, read_only, /)\n--\n\n"
+     "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
+     "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
+    {"privatize_files", sl_privatize_files, METH_VARARGS,
+     "privatize_files($module, records, skip, virtual_devices, /)\n--\n\n"
+     "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "
+     "regular file its own open file description, at the recorded offset, under the same number; "
+     "skipped: `skip`, files on `virtual_devices`, descriptions holding an exclusive lock. `failed`: "
+     "(fd, errno) of those left shared."},
     {"signal_handler_address", sl_signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

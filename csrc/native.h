@@ -32,6 +32,10 @@ PyObject *sl_regular_file_offsets(PyObject *self, PyObject *unused);
 PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *unused);
 PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
 
+/* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */
+PyObject *sl_file_records(PyObject *self, PyObject *args);
+PyObject *sl_privatize_files(PyObject *self, PyObject *args);
+
 /* signals.c: signal dispositions, and the Python face of backtrace.c. */
 PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);
 PyObject *sl_free_signals(PyObject *self, PyObject *arg);

@@ -37,12 +37,14 @@ __all__ = [
     "fast_fork_disarm",
     "fast_fork_in_child",
     "fast_fork_python_fork",
+    "file_records",
     "foreign_thread_ids",
     "fork_generation",
     "free_signals",
     "install_backtrace_handler",
     "loaded_counters",
     "loaded_objects",
+    "privatize_files",
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -105,6 +107,30 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
     worker fork, and a GIL released per file could be held by another thread meanwhile.
     """
     return _impl.regular_file_offsets()
+
+
+def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
+    """The regular files among ``fds`` (``None``: every open descriptor), only those open read-only
+    with ``read_only``, as records packed in one bytes object (struct ``"=qQQq"`` each): ``(fd,
+    st_dev, st_ino, offset)``, the offset -1 where the file cannot seek. What the parent hands a
+    worker (``privatize_files``): one object, where a tuple per file would be thousands of objects
+    made before each fork and freed after it, each free writing a page the worker shares."""
+    return _impl.file_records(fds, read_only)
+
+
+def privatize_files(records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...]) -> tuple[
+    tuple[int, ...], tuple[tuple[int, int], ...]
+]:
+    """In a worker: give each descriptor of ``records`` (``file_records``', made by the parent before
+    the fork) still open read-only on a regular file its own open file description of that file, at
+    the recorded offset (read now where the descriptor names another file since), under the same
+    number and with the same flags, reopened through ``/proc/self/fd``. Skipped: the descriptors of
+    ``skip``, files on ``virtual_devices`` (``st_dev`` values), writable descriptors and descriptions
+    holding an exclusive flock/OFD lock. Returns ``(privatized, failed)``: the descriptors given
+    their own description, and ``(fd, errno)`` of those that could not be, left as they were. With
+    the C extension a worker makes no Python object per file (thousands of shards: each object a
+    page the worker shares with its parent, copied)."""
+    return _impl.privatize_files(records, skip, virtual_devices)
 
 
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits

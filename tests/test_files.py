@@ -114,15 +114,15 @@ def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
     and record the worker's warnings: a child hook that runs before "files" (first=True)."""
 
     def refuse() -> None:
-        real_open = os.open
-        refused = {f"/proc/self/fd/{fd}" for fd in fds}
+        from safeloader import native
 
-        def open_refusing(path, *args, **kwargs):
-            if str(path) in refused:
-                raise OSError(code, os.strerror(code))
-            return real_open(path, *args, **kwargs)
+        real_privatize = native.privatize_files
 
-        os.open = open_refusing  # in this worker only: its own copy of the os module
+        def privatize_refusing(records, skip, virtual_devices):  # as if reopening each of fds failed
+            privatized, failed = real_privatize(records, (*skip, *fds), virtual_devices)
+            return privatized, (*failed, *((fd, code) for fd in fds))
+
+        native.privatize_files = privatize_refusing  # in this worker only: its own copy of the module
         warnings.simplefilter("always")
 
         def record(message, category, *args, **kwargs):  # as text, for the Dataset to return

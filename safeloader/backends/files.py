@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import weakref
 from typing import Any
 
@@ -22,21 +21,15 @@ NAME = hook_names.FILES
 SharedFileWarning = _reopen.SharedFileWarning
 
 
-
-def privatize_inherited_files(table: tuple[_descriptors.Descriptor, ...] | None = None) -> None:
-    """In a worker: give each read-only regular file of ``table`` (default: every inherited
-    descriptor, listed by the parent for this fork) its own description."""
+def privatize_inherited_files(records: bytes | None = None) -> None:
+    """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
+    default those the parent recorded for this fork, else every descriptor open now) its own
+    description."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
-    done = _reopen.private_fds()
-    for entry in _reopen.regular_file_fds(_descriptors.at_fork() if table is None else table):
-        if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
-            continue
-        if _reopen.holds_exclusive_lock(entry.fd):
-            continue
-        _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
+    _reopen.privatize_files(_reopen.offsets_at_fork() if records is None else records, worker)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -84,23 +77,27 @@ class FilesBackend(Backend):
     runs_after = (hook_names.H5PY,)
 
     def __init__(self) -> None:
-        # loader -> the descriptors its objects held at its last start (or EVERY_FILE)
-        self._held: weakref.WeakKeyDictionary[Any, frozenset[int] | str] = weakref.WeakKeyDictionary()
+        # loader -> the descriptors its objects held at its last start, sorted (or EVERY_FILE)
+        self._held: weakref.WeakKeyDictionary[Any, tuple[int, ...] | str] = weakref.WeakKeyDictionary()
 
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
-        if isinstance(held, frozenset):
-            return _record_held(held) or self.NOTHING_TO_DO
+        if isinstance(held, tuple):
+            # Each held descriptor that is a regular file open read-only, as it is now, with its offset:
+            # for the worker, which checks each again (one closed and reused since the start).
+            records = native.file_records(held, True) if held else b""
+            if not records:
+                return self.NOTHING_TO_DO
+            _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
+            return records
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
             return self.NOTHING_TO_DO
-        # Both made in the parent for this fork's hooks, and inherited by the worker.
-        _descriptors.at_fork()
-        _reopen.offsets_at_fork()
+        _reopen.offsets_at_fork()  # made in the parent for this fork's hooks, and inherited by the worker
         return None
 
-    def after_in_child(self, ctx: ForkContext, plan: tuple[_descriptors.Descriptor, ...] | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: bytes | None) -> None:
         privatize_inherited_files(plan)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
@@ -114,34 +111,14 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds() & native.READ_ONLY_FILE:
-                self._held[loader] = frozenset()
+                self._held[loader] = ()
             else:
-                self._held[loader] = _held_files.held_descriptors(loader)
+                held = _held_files.held_descriptors(loader)
+                self._held[loader] = held if isinstance(held, str) else tuple(sorted(held))
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
             _reopen.register_reducer(io.TextIOWrapper, reduce_file)
-
-
-def _record_held(held: frozenset[int]) -> tuple[_descriptors.Descriptor, ...]:
-    """In the parent, right before a fork: each held descriptor that is a regular file open
-    read-only, as it is now, and its offset for the worker (``_reopen.offsets_at_fork``'s record)."""
-    import fcntl
-
-    table = []
-    offsets: _reopen.Offsets = {}
-    for fd in held:
-        try:
-            found = os.fstat(fd)
-            if not stat.S_ISREG(found.st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
-                continue  # closed and reused, or writable: not a file the worker reads through an offset
-            table.append((fd, found.st_mode, found.st_dev, found.st_ino))
-            offsets[fd] = (found.st_dev, found.st_ino, os.lseek(fd, 0, os.SEEK_CUR))
-        except OSError:  # closed meanwhile, or cannot seek (the worker reads its own offset)
-            continue
-    if table:
-        _reopen.offsets_at_fork(offsets)
-    return tuple(table)
 
 
 BACKEND = FilesBackend()
