@@ -39,6 +39,8 @@ _PROBE_NODES = 2_000
 _LEAF_TYPES = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None), range})
 _NOT_SEARCHED = (type, ModuleType, BuiltinFunctionType)
 _CONTAINERS = (list, tuple, set, frozenset, deque)
+# io's own file classes (exact types): thousands of shards a Dataset holds are each looked at cheaply.
+_IO_CLASSES = frozenset({io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper})
 _slot_names: dict[type, tuple[str, ...]] = {}
 # Extension types that hold a Python file object in an attribute of their own (no __dict__): by
 # top-level package, the attributes to follow. PyAV: a container's PyIOFile (``.file``), its file (``.file``).
@@ -165,6 +167,8 @@ def _walk(
 
 def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visits, probing: bool) -> Any:
     """What ``node`` holds, to search next."""
+    if type(node) in _IO_CLASSES and _names_only(node):
+        return ()
     if isinstance(node, (dict, *_CONTAINERS)):
         items = node.values() if isinstance(node, dict) else node
         if len(node) > _MAX_CONTAINER and _plain_values(items, len(node)):
@@ -180,6 +184,13 @@ def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visi
     if isinstance(node, MethodType):
         return (node.__self__, node.__func__)
     return _attributes(node, numbers)
+
+
+def _names_only(f: Any) -> bool:
+    """Whether a file object of io's own classes holds nothing to search: its state is in C, and
+    its attributes are its name and mode (strings), unless the program set others."""
+    attributes = getattr(f, "__dict__", None)
+    return not attributes or all(type(value) is str for value in attributes.values())
 
 
 def _plain_values(items: Any, size: int) -> bool:
