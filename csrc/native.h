@@ -26,7 +26,9 @@ PyObject *sl_thread_ids(PyObject *self, PyObject *unused);
 PyObject *sl_threads_within_py(PyObject *self, PyObject *known);
 
 /* descriptors.c: this process's descriptor table. */
-long sl_descriptor_kinds(void); /* the descriptor_kinds() bitmask, or -1 with an exception set */
+/* The descriptor_kinds() bitmask, or -1 with an exception set; the listing stops once each kind of
+ * `until` is seen (with `any`, once one is), and the kinds not in `until` may then be missing. */
+long sl_descriptor_kinds(long until, int any);
 PyObject *sl_descriptor_table(PyObject *self, PyObject *unused);
 PyObject *sl_regular_file_offsets(PyObject *self, PyObject *unused);
 PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *unused);
