@@ -115,11 +115,15 @@ static PyMethodDef methods[] = {
      "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
      "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
     {"privatize_files", sl_privatize_files, METH_VARARGS,
-     "privatize_files($module, records, skip, virtual_devices, /)\n--\n\n"
+     "privatize_files($module, records, skip, virtual_devices, check_locks, /)\n--\n\n"
      "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "
      "regular file its own open file description, at the recorded offset, under the same number; "
-     "skipped: `skip`, files on `virtual_devices`, descriptions holding an exclusive lock. `failed`: "
-     "(fd, errno) of those left shared."},
+     "skipped: `skip`, files on `virtual_devices`, with `check_locks` descriptions holding an exclusive "
+     "lock. `failed`: (fd, errno) of those left shared."},
+    {"exclusively_locked", sl_exclusively_locked, METH_O,
+     "exclusively_locked($module, fds, /)\n--\n\n"
+     "The descriptors of `fds` (a tuple) whose open file description holds an exclusive flock or OFD "
+     "lock, read from /proc/self/fdinfo."},
     {"signal_handler_address", sl_signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

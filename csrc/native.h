@@ -37,6 +37,7 @@ PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
 /* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */
 PyObject *sl_file_records(PyObject *self, PyObject *args);
 PyObject *sl_privatize_files(PyObject *self, PyObject *args);
+PyObject *sl_exclusively_locked(PyObject *self, PyObject *fds);
 
 /* signals.c: signal dispositions, and the Python face of backtrace.c. */
 PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);

@@ -175,6 +175,35 @@ static int holds_exclusive_lock(int info, const char *name) {
     return found;
 }
 
+/* exclusively_locked(fds) -> tuple: the descriptors of `fds` (a tuple) whose open file description
+ * holds an exclusive flock or OFD lock (holds_exclusive_lock), in the order given. The parent's,
+ * once per start (safeloader/backends/files.py): its workers then need not read them each. */
+PyObject *sl_exclusively_locked(PyObject *Py_UNUSED(self), PyObject *fds) {
+    if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
+    PyObject *found = PyList_New(0);
+    if (found == NULL) return NULL;
+    int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+        PyObject *item = PyTuple_GET_ITEM(fds, i);
+        long fd = PyLong_AsLong(item);
+        if (fd == -1 && PyErr_Occurred()) goto error;
+        if (fd < 0 || fd > INT32_MAX) continue;
+        char info[40];
+        snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
+        if (holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info) &&
+            PyList_Append(found, item) < 0)
+            goto error;
+    }
+    if (info_dir >= 0) close(info_dir);
+    PyObject *result = PyList_AsTuple(found);
+    Py_DECREF(found);
+    return result;
+error:
+    if (info_dir >= 0) close(info_dir);
+    Py_DECREF(found);
+    return NULL;
+}
+
 static int compare_fds(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
@@ -197,21 +226,24 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
     return values;
 }
 
-/* privatize_files(records, skip, virtual_devices) -> (privatized, failed): in a worker, give each
- * descriptor of `records` (file_records' bytes, made by the parent before the fork) that is still
- * a regular file open read-only its own open file description of the same file, at the offset
- * recorded (read now where the descriptor names another file since, or none was recorded),
+/* privatize_files(records, skip, virtual_devices, check_locks) -> (privatized, failed): in a worker,
+ * give each descriptor of `records` (file_records' bytes, made by the parent before the fork) that
+ * is still a regular file open read-only its own open file description of the same file, at the
+ * offset recorded (read now where the descriptor names another file since, or none was recorded),
  * with the same status flags and close-on-exec flag, under the same number: every object holding
  * the number keeps working, and the parent's descriptors are untouched. Reopened through
  * /proc/self/fd/N, so that it reaches the file even if moved or deleted. Skipped: the descriptors
  * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
- * descriptors, and descriptions holding an exclusive lock. `privatized`: a tuple of the
+ * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
+ * exclusively_locked), descriptions holding an exclusive lock. `privatized`: a tuple of the
  * descriptors given their own description; `failed`: a tuple of (descriptor, errno) of those
  * that could not be (left shared as they were). */
 PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer buffer;
     PyObject *skip_tuple, *virtual_tuple;
-    if (!PyArg_ParseTuple(args, "y*OO:privatize_files", &buffer, &skip_tuple, &virtual_tuple)) return NULL;
+    int check_locks;
+    if (!PyArg_ParseTuple(args, "y*OOp:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks))
+        return NULL;
     PyObject *result = NULL, *privatized = NULL, *failed = NULL;
     long *skip = NULL, *virtual_devices = NULL;
     int *done = NULL, *failures = NULL;
@@ -232,7 +264,7 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     if (count) {  /* entries opened relative to their directory: a shorter lookup. Without a descriptor
                    * to spare (EMFILE), by their full path: each reopen then fails on its own, reported. */
         fd_dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        info_dir = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (check_locks) info_dir = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     }
     for (size_t i = 0; i < count; i++) {
         const sl_file_record *record = &records[i];
@@ -251,7 +283,7 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         snprintf(entry, sizeof entry, "/proc/self/fd/%d", fd);
         snprintf(info, sizeof info, "/proc/self/fdinfo/%d", fd);
         const char *name = strrchr(entry, '/') + 1;
-        if (holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
+        if (check_locks && holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
         /* The parent's offset at the fork, where the descriptor still names that file: the parent runs
          * on while the worker starts, and may have moved the shared offset since. */
         off_t offset = record->offset;

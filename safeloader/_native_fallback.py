@@ -174,13 +174,21 @@ def _holds_exclusive_lock(fd: int) -> bool:
     return False
 
 
-def privatize_files(records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...]) -> tuple[
-    tuple[int, ...], tuple[tuple[int, int], ...]
-]:
+def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
+    """The descriptors of ``fds`` (a tuple) whose open file description holds an exclusive flock or
+    OFD lock, read from /proc/self/fdinfo."""
+    if not isinstance(fds, tuple):
+        raise TypeError(f"fds must be a tuple, got {type(fds).__name__}")
+    return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
+
+
+def privatize_files(
+    records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...], check_locks: bool
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """(privatized, failed): give each descriptor of ``records`` (file_records') still open read-only
     on a regular file its own open file description, at the recorded offset, under the same number;
-    skipped: ``skip``, files on ``virtual_devices``, descriptions holding an exclusive lock.
-    ``failed``: (fd, errno) of those left shared."""
+    skipped: ``skip``, files on ``virtual_devices``, with ``check_locks`` descriptions holding an
+    exclusive lock. ``failed``: (fd, errno) of those left shared."""
     import fcntl
 
     if len(records) % _RECORD.size:
@@ -199,7 +207,7 @@ def privatize_files(records: bytes, skip: tuple[int, ...], virtual_devices: tupl
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         except OSError:  # closed since
             continue
-        if not _read_only(flags) or _holds_exclusive_lock(fd):
+        if not _read_only(flags) or (check_locks and _holds_exclusive_lock(fd)):
             continue
         fresh = -1
         try:

@@ -30,6 +30,7 @@ __all__ = [
     "ThreadCensus",
     "descriptor_kinds",
     "descriptor_table",
+    "exclusively_locked",
     "exit_handler_lock",
     "fast_fork_after_in_parent",
     "fast_fork_arm",
@@ -118,19 +119,29 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return _impl.file_records(fds, read_only)
 
 
-def privatize_files(records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...]) -> tuple[
-    tuple[int, ...], tuple[tuple[int, int], ...]
-]:
+def privatize_files(
+    records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...], check_locks: bool
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """In a worker: give each descriptor of ``records`` (``file_records``', made by the parent before
     the fork) still open read-only on a regular file its own open file description of that file, at
     the recorded offset (read now where the descriptor names another file since), under the same
     number and with the same flags, reopened through ``/proc/self/fd``. Skipped: the descriptors of
-    ``skip``, files on ``virtual_devices`` (``st_dev`` values), writable descriptors and descriptions
-    holding an exclusive flock/OFD lock. Returns ``(privatized, failed)``: the descriptors given
-    their own description, and ``(fd, errno)`` of those that could not be, left as they were. With
-    the C extension a worker makes no Python object per file (thousands of shards: each object a
-    page the worker shares with its parent, copied)."""
-    return _impl.privatize_files(records, skip, virtual_devices)
+    ``skip``, files on ``virtual_devices`` (``st_dev`` values), writable descriptors and, with
+    ``check_locks``, descriptions holding an exclusive flock/OFD lock (``exclusively_locked``).
+    Returns ``(privatized, failed)``: the descriptors given their own description, and ``(fd,
+    errno)`` of those that could not be, left as they were. With the C extension a worker makes no
+    Python object per file (thousands of shards: each object a page the worker shares with its
+    parent, copied)."""
+    return _impl.privatize_files(records, skip, virtual_devices, check_locks)
+
+
+def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
+    """The descriptors of ``fds`` whose open file description holds an exclusive (write) flock or
+    OFD lock, read from ``/proc/self/fdinfo`` (never ``/proc/locks``: reading that takes the
+    kernel's global file-lock semaphore for writing, which waits for an RCU grace period and stalls
+    every lock call on the system). POSIX (fcntl) locks belong to the process, not to the
+    description: not counted. About 10 us a descriptor, most of it the kernel's."""
+    return _impl.exclusively_locked(fds)
 
 
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits

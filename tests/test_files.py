@@ -118,8 +118,8 @@ def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
 
         real_privatize = native.privatize_files
 
-        def privatize_refusing(records, skip, virtual_devices):  # as if reopening each of fds failed
-            privatized, failed = real_privatize(records, (*skip, *fds), virtual_devices)
+        def privatize_refusing(records, skip, *args):  # as if reopening each of fds failed
+            privatized, failed = real_privatize(records, (*skip, *fds), *args)
             return privatized, (*failed, *((fd, code) for fd in fds))
 
         native.privatize_files = privatize_refusing  # in this worker only: its own copy of the module

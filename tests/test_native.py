@@ -90,8 +90,9 @@ def test_file_records_agree_and_record_each_regular_file_at_its_offset():
 
 
 def test_privatize_files_agree_and_give_each_read_only_file_its_own_offset_or_report_why_not():
-    # Skipped alike: writable, exclusively locked, /proc, asked to skip; a record of another file since
-    # reads the offset now; a worker with no descriptor left reports each reopen failed (EMFILE).
+    # Skipped alike: writable, exclusively locked (unless the locks were read before), /proc, asked to
+    # skip; a record of another file since reads the offset now; a worker with no descriptor left
+    # reports each reopen failed (EMFILE). exclusively_locked agrees on which descriptions hold a lock.
     result = check_script("native_parity.py", "privatize_files", timeout=30)
     assert result.stdout.strip() == "ok", result
 
@@ -208,6 +209,7 @@ NATIVE_FUNCTIONS = (
     "regular_file_offsets",
     "file_records",
     "privatize_files",
+    "exclusively_locked",
     "reserve_descriptor_slots",
     "signal_handler_address",
     "free_signals",

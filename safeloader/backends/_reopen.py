@@ -194,11 +194,12 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
     _install_fresh(entry.fd, fresh, offset)
 
 
-def privatize_files(records: bytes, worker_id: int | None) -> None:
+def privatize_files(records: bytes, worker_id: int | None, *, locks_checked: bool = False) -> None:
     """Like ``privatize`` (read-only) for each descriptor of ``records`` (``native.file_records``',
     made by the parent for this fork) still open read-only on a regular file, except those already
     private, on /proc, /sys or /dev, or holding an exclusive flock/OFD lock (a lock, not a data
-    handle: a worker re-locking a private copy would block on the parent's lock). One call into
+    handle: a worker re-locking a private copy would block on the parent's lock), unless
+    ``locks_checked``: the parent left those out of ``records`` already. One call into
     ``native.privatize_files``: no Python object per file (a Dataset may hold thousands).
 
     A file that cannot be reopened is left shared with the parent, as torch's DataLoader leaves
@@ -208,7 +209,9 @@ def privatize_files(records: bytes, worker_id: int | None) -> None:
     would be worse than torch, which shares them all.
     """
     process = _process.own()
-    privatized, failed = native.privatize_files(records, tuple(process.private), tuple(_virtual_device_ids()))
+    privatized, failed = native.privatize_files(
+        records, tuple(process.private), tuple(_virtual_device_ids()), not locks_checked
+    )
     process.private.update(privatized)
     for fd, code in failed:
         path = InheritedFd(fd, 0, 0, 0).path

@@ -21,15 +21,16 @@ NAME = hook_names.FILES
 SharedFileWarning = _reopen.SharedFileWarning
 
 
-def privatize_inherited_files(records: bytes | None = None) -> None:
+def privatize_inherited_files(records: bytes | None = None, *, locks_checked: bool = False) -> None:
     """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
     default those the parent recorded for this fork, else every descriptor open now) its own
-    description."""
+    description; ``locks_checked``: the parent left out those holding an exclusive lock."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
-    _reopen.privatize_files(_reopen.offsets_at_fork() if records is None else records, worker)
+    records = _reopen.offsets_at_fork() if records is None else records
+    _reopen.privatize_files(records, worker, locks_checked=locks_checked)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -83,9 +84,9 @@ class FilesBackend(Backend):
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
         if isinstance(held, tuple):
-            # Each held descriptor that is a regular file open read-only, as it is now, with its offset:
-            # for the worker, which checks each again (one closed and reused since the start).
-            records = native.file_records(held, True) if held else b""
+            # Each held descriptor (a regular file open read-only and unlocked at the start), as it is
+            # now, with its offset: for the worker, which checks each again (one closed and reused since).
+            records = native.file_records(held, False) if held else b""
             if not records:
                 return self.NOTHING_TO_DO
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
@@ -98,7 +99,8 @@ class FilesBackend(Backend):
         return None
 
     def after_in_child(self, ctx: ForkContext, plan: bytes | None) -> None:
-        privatize_inherited_files(plan)
+        # A plan: the records of the loader's files, whose locks prepare_start read.
+        privatize_inherited_files(plan, locks_checked=plan is not None)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
         # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
@@ -114,11 +116,24 @@ class FilesBackend(Backend):
                 self._held[loader] = ()
             else:
                 held = _held_files.held_descriptors(loader)
-                self._held[loader] = held if isinstance(held, str) else tuple(sorted(held))
+                self._held[loader] = held if isinstance(held, str) else _unlocked_read_only_files(held)
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
             _reopen.register_reducer(io.TextIOWrapper, reduce_file)
+
+
+def _unlocked_read_only_files(fds: frozenset[int]) -> tuple[int, ...]:
+    """Of ``fds``, sorted: the regular files open read-only whose description holds no exclusive
+    flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy would block on the
+    parent's lock). Once per start, in the parent: its workers then neither look at the others nor
+    read each description's locks (about 10 us a file in the kernel, each worker's: as much again
+    as its reopen). A lock taken or released in the parent while the start forks its workers is
+    seen at the next start."""
+    records = native.file_records(tuple(sorted(fds)), True)
+    found = tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
+    locked = set(native.exclusively_locked(found))
+    return tuple(fd for fd in found if fd not in locked) if locked else found
 
 
 BACKEND = FilesBackend()

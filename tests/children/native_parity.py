@@ -12,7 +12,8 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
                         their offsets
   privatize_files       in a fork each, both give the same descriptors their own description at the
                         recorded offset and skip the same ones (writable, locked, /proc, asked to skip);
-                        with no descriptor left, both report each as failed: prints "ok"
+                        with no descriptor left, both report each as failed; exclusively_locked: both
+                        find the locked one: prints "ok"
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
@@ -170,7 +171,7 @@ def file_records():
     print("ok")
 
 
-def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None):
+def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True):
     """What ``impl.privatize_files`` did in a forked child, as a printable tuple."""
     r, w = os.pipe()
     pid = os.fork()
@@ -184,7 +185,7 @@ def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None):
                         os.open(os.devnull, os.O_RDONLY)
                     except OSError:
                         break
-            privatized, failed = impl.privatize_files(records, skip, virtual)
+            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks)
             # A private description: moving its offset leaves the parent's (and the siblings') alone.
             offsets = {name: os.lseek(fd, 0, os.SEEK_CUR) for name, fd in files.items()}
             for fd in files.values():
@@ -264,9 +265,26 @@ def privatize_files():
                                            ("at_50", "inheritable", "locked", "moved_since", "shared_lock")], a
     assert offsets["at_50"] == 60, a  # still the parent's description
     assert os.lseek(files["at_50"], 0, os.SEEK_CUR) == 63  # which the worker moved
+    # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
+    fds = tuple(files.values())
+    assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
+    for fd, offset in before.items():
+        os.lseek(fd, offset, os.SEEK_SET)
+    a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False)
+    for fd, offset in before.items():
+        os.lseek(fd, offset, os.SEEK_SET)
+    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, check_locks=False)
+    assert a == b, (a, b)
+    assert eval(a)[0] == ["at_50", "inheritable", "locked", "moved_since", "shared_lock"], a
     for impl in (_native, _native_fallback):
         try:
-            impl.privatize_files(records[:-1], (), ())
+            impl.exclusively_locked(list(fds))
+        except TypeError as exc:
+            assert "fds must be a tuple" in str(exc), exc
+        else:
+            raise AssertionError(f"{impl.__name__} took a list")
+        try:
+            impl.privatize_files(records[:-1], (), (), True)
         except ValueError as exc:
             assert "file_records' bytes" in str(exc), exc
         else:
