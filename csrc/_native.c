@@ -102,10 +102,11 @@ static PyMethodDef methods[] = {
     {"free_signals", sl_free_signals, METH_O,
      "free_signals($module, count, /)\n--\n\n"
      "Up to `count` real-time signals whose disposition is SIG_DFL, from SIGRTMAX down."},
-    {"descriptor_kinds", sl_descriptor_kinds_py, METH_NOARGS,
-     "descriptor_kinds($module, /)\n--\n\n"
+    {"descriptor_kinds", sl_descriptor_kinds_py, METH_VARARGS,
+     "descriptor_kinds($module, until=7, /)\n--\n\n"
      "What kinds of descriptor this process holds, a bitmask: 1 a regular file open read-only, "
-     "2 a regular file, 4 an IPv4/IPv6 stream socket."},
+     "2 a regular file, 4 an IPv4/IPv6 stream socket; the listing stops once each kind of `until` "
+     "is seen (a kind not in `until` may then be missing)."},
     {"reserve_descriptor_slots", sl_reserve_descriptor_slots, METH_O,
      "reserve_descriptor_slots($module, spare, /)\n--\n\n"
      "Grow this process's descriptor table to hold `spare` descriptors above the lowest free number "

@@ -113,8 +113,10 @@ long sl_descriptor_kinds(long until, int any) {
     return sl_each_proc_entry("/proc/self/fd", add_kind, &found) < 0 ? -1 : found.kinds;
 }
 
-PyObject *sl_descriptor_kinds_py(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    long kinds = sl_descriptor_kinds(EVERY_KIND, 0);
+PyObject *sl_descriptor_kinds_py(PyObject *Py_UNUSED(self), PyObject *args) {
+    long until = EVERY_KIND;
+    if (!PyArg_ParseTuple(args, "|l:descriptor_kinds", &until)) return NULL;
+    long kinds = sl_descriptor_kinds(until, 0);
     return kinds < 0 ? NULL : PyLong_FromLong(kinds);
 }
 

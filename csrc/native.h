@@ -31,7 +31,7 @@ PyObject *sl_threads_within_py(PyObject *self, PyObject *known);
 long sl_descriptor_kinds(long until, int any);
 PyObject *sl_descriptor_table(PyObject *self, PyObject *unused);
 PyObject *sl_regular_file_offsets(PyObject *self, PyObject *unused);
-PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *unused);
+PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *args);
 PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
 
 /* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */

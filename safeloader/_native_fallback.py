@@ -70,14 +70,19 @@ def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
     return tuple(table)
 
 
-def descriptor_kinds() -> int:
+def descriptor_kinds(until: int = 7) -> int:
     """A bitmask of the kinds of descriptor open: 1 a regular file open read-only, 2 a regular
-    file, 4 an IPv4/IPv6 stream socket."""
+    file, 4 an IPv4/IPv6 stream socket; the listing stops once each kind of ``until`` is seen."""
     import fcntl
     import socket
 
     kinds = 0
+    until &= 7
+    if not until:
+        return 0
     for fd, mode, _, _ in descriptor_table():
+        if kinds & until == until:
+            break
         try:
             if stat.S_ISREG(mode):
                 flags = fcntl.fcntl(fd, fcntl.F_GETFL)

@@ -147,12 +147,14 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits
 
 
-def descriptor_kinds() -> int:
+def descriptor_kinds(until: int = 7) -> int:
     """What kinds of descriptor this process holds, a bitmask: ``READ_ONLY_FILE`` (a regular file
     open read-only), ``REGULAR_FILE`` (any regular file), ``TCP_SOCKET`` (an IPv4/IPv6 stream
     socket, connected or not). With the C extension it allocates nothing: the parent asks before
-    each worker fork whether the files and sockets hooks have anything to do in that worker."""
-    return _impl.descriptor_kinds()
+    each worker fork whether the files and sockets hooks have anything to do in that worker. The
+    listing stops once each kind of ``until`` is seen: a kind not in ``until`` may then be missing
+    (a parent holding thousands of files asked whether one is open read-only lists one or two)."""
+    return _impl.descriptor_kinds(until)
 
 
 def reserve_descriptor_slots(spare: int) -> int:

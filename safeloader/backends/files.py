@@ -112,7 +112,7 @@ class FilesBackend(Backend):
             # open there is nothing to find (the walk is skipped: a start with no file pays nothing).
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
-            elif not native.descriptor_kinds() & native.READ_ONLY_FILE:
+            elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
                 self._held[loader] = ()
             else:
                 held = _held_files.held_descriptors(loader)
