@@ -91,6 +91,40 @@ def test_deleted_and_moved_files_still_read_the_parents_file(tmp_path):
     check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
 
 
+class Shards(Dataset):
+    """Record i from shard i % len(shards), through the unbuffered files of a list the Dataset opened
+    in ``__init__`` (hundreds: found by the walk's search by kind, privatized by one C call each worker)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.shards = [open(path, "rb", buffering=0) for path in paths]
+
+    def __len__(self) -> int:
+        return len(self.shards) * SHARD_RECORDS
+
+    def __getitem__(self, i: int):
+        f = self.shards[i % len(self.shards)]
+        f.seek(i // len(self.shards) * RECORD)
+        return i, np.frombuffer(f.read(RECORD), np.uint8)[None]
+
+
+SHARD_RECORDS = 4
+
+
+def test_hundreds_of_shards_the_dataset_holds_each_read_at_their_own_offset_and_leave_the_parents_alone(tmp_path):
+    count = 300
+    data = np.random.default_rng(3).integers(0, 256, (count, SHARD_RECORDS, RECORD), dtype=np.uint8)
+    paths = []
+    for shard in range(count):
+        paths.append(str(tmp_path / f"shard{shard}.bin"))
+        data[shard].tofile(paths[-1])
+    dataset = Shards(paths)
+    for shard, f in enumerate(dataset.shards):  # where the parent left each one
+        f.seek(shard % SHARD_RECORDS * RECORD + 5)
+    expected = data.transpose(1, 0, 2).reshape(-1, 1, RECORD)  # item i: shard i % count, record i // count
+    assert check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
+    assert [f.tell() for f in dataset.shards] == [shard % SHARD_RECORDS * RECORD + 5 for shard in range(count)]
+
+
 class RecordsWithConfig(Records):
     """Records, plus a file the process holds open read-only but the Dataset never reads
     (a library's config or log): the kind of descriptor whose reopen may fail."""
