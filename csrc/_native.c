@@ -116,9 +116,11 @@ static PyMethodDef methods[] = {
      "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
      "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
     {"privatize_files", sl_privatize_files, METH_VARARGS,
-     "privatize_files($module, records, skip, virtual_devices, check_locks, /)\n--\n\n"
+     "privatize_files($module, records, skip, virtual_devices, check_locks, paths, /)\n--\n\n"
      "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "
-     "regular file its own open file description, at the recorded offset, under the same number; "
+     "regular file its own open file description, at the recorded offset, under the same number, opened "
+     "by its path in `paths` ((fd, bytes) sorted by fd) where that names the same file, else through "
+     "/proc/self/fd; "
      "skipped: `skip`, files on `virtual_devices`, with `check_locks` descriptions holding an exclusive "
      "lock. `failed`: (fd, errno) of those left shared."},
     {"exclusively_locked", sl_exclusively_locked, METH_O,

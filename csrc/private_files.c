@@ -204,6 +204,48 @@ error:
     return NULL;
 }
 
+/* The path `paths` (a tuple of (fd, bytes) sorted by fd) gives for `fd`, or NULL (none, or not
+ * that shape: each item read, none made or written). */
+static const char *path_of(PyObject *paths, int fd) {
+    Py_ssize_t low = 0, high = PyTuple_GET_SIZE(paths);
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        PyObject *pair = PyTuple_GET_ITEM(paths, middle);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)))
+            return NULL;
+        long value = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
+        if (value == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+        if (value == fd) {
+            PyObject *path = PyTuple_GET_ITEM(pair, 1);
+            return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
+                       ? PyBytes_AS_STRING(path) : NULL;
+        }
+        if (value < fd) low = middle + 1;
+        else high = middle;
+    }
+    return NULL;
+}
+
+/* A fresh read-only descriptor of the file `found` (fd's fstat) by the path `paths` gives for
+ * `fd`, with `flags`' status flags; -1 where there is none, it cannot be opened, or it names
+ * another file now (the caller then reopens through /proc/self/fd). Opening a path walks cached
+ * directory entries: about 5 us a file here, where /proc/self/fd/N costs a worker about 8 (its
+ * entries are the new process's, made on first use). Opened non-blocking and without a
+ * controlling terminal, so that a FIFO or device put at the path since does not hang the worker or
+ * take its terminal; a regular file's O_NONBLOCK is then set as the original's. */
+static int open_by_path(PyObject *paths, int fd, int flags, const struct stat *found) {
+    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd) : NULL;
+    if (path == NULL) return -1;
+    int fresh = open(path, O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fresh < 0) return -1;
+    struct stat st;
+    if (fstat(fresh, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == found->st_dev && st.st_ino == found->st_ino &&
+        ((flags & O_NONBLOCK) || fcntl(fresh, F_SETFL, flags & KEPT_STATUS_FLAGS & ~O_NONBLOCK) == 0))
+        return fresh;
+    close(fresh);
+    return -1;
+}
+
 static int compare_fds(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
@@ -226,13 +268,14 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
     return values;
 }
 
-/* privatize_files(records, skip, virtual_devices, check_locks) -> (privatized, failed): in a worker,
+/* privatize_files(records, skip, virtual_devices, check_locks, paths) -> (privatized, failed): in a worker,
  * give each descriptor of `records` (file_records' bytes, made by the parent before the fork) that
  * is still a regular file open read-only its own open file description of the same file, at the
  * offset recorded (read now where the descriptor names another file since, or none was recorded),
  * with the same status flags and close-on-exec flag, under the same number: every object holding
- * the number keeps working, and the parent's descriptors are untouched. Reopened through
- * /proc/self/fd/N, so that it reaches the file even if moved or deleted. Skipped: the descriptors
+ * the number keeps working, and the parent's descriptors are untouched. Reopened by its path in
+ * `paths` where that still names the same file (open_by_path), else through /proc/self/fd/N, which
+ * reaches the file even if moved or deleted. Skipped: the descriptors
  * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
  * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
  * exclusively_locked), descriptions holding an exclusive lock. `privatized`: a tuple of the
@@ -240,9 +283,10 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
  * that could not be (left shared as they were). */
 PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer buffer;
-    PyObject *skip_tuple, *virtual_tuple;
+    PyObject *skip_tuple, *virtual_tuple, *paths;
     int check_locks;
-    if (!PyArg_ParseTuple(args, "y*OOp:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks))
+    if (!PyArg_ParseTuple(args, "y*OOpO!:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks,
+                          &PyTuple_Type, &paths))
         return NULL;
     PyObject *result = NULL, *privatized = NULL, *failed = NULL;
     long *skip = NULL, *virtual_devices = NULL;
@@ -291,7 +335,8 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
             offset = lseek(fd, 0, SEEK_CUR);
         int error = 0, fresh = -1;
         if (offset < 0) error = errno;
-        else if ((fresh = openat(fd_dir >= 0 ? fd_dir : AT_FDCWD, fd_dir >= 0 ? name : entry,
+        else if ((fresh = open_by_path(paths, fd, flags, &st)) < 0 &&
+                 (fresh = openat(fd_dir >= 0 ? fd_dir : AT_FDCWD, fd_dir >= 0 ? name : entry,
                                  O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC)) < 0)
             error = errno;
         else if (offset > 0 && lseek(fresh, offset, SEEK_SET) < 0) error = errno;

@@ -187,11 +187,35 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
 
 
+def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
+    """A fresh read-only descriptor of the file ``found`` (an fstat) by ``path``, or -1 where the path
+    names another file now. Opened non-blocking (a FIFO put in its place must not hang the worker)."""
+    try:
+        fresh = os.open(path, os.O_RDONLY | (flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return -1
+    try:
+        now = os.fstat(fresh)
+        if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (found.st_dev, found.st_ino):
+            if not flags & os.O_NONBLOCK:
+                os.set_blocking(fresh, True)
+            return fresh
+    except OSError:
+        pass
+    os.close(fresh)
+    return -1
+
+
 def privatize_files(
-    records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...], check_locks: bool
+    records: bytes,
+    skip: tuple[int, ...],
+    virtual_devices: tuple[int, ...],
+    check_locks: bool,
+    paths: tuple[tuple[int, bytes], ...],
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """(privatized, failed): give each descriptor of ``records`` (file_records') still open read-only
-    on a regular file its own open file description, at the recorded offset, under the same number;
+    on a regular file its own open file description, at the recorded offset, under the same number,
+    reopened by its path in ``paths`` where that names the same file, else through /proc/self/fd;
     skipped: ``skip``, files on ``virtual_devices``, with ``check_locks`` descriptions holding an
     exclusive lock. ``failed``: (fd, errno) of those left shared."""
     import fcntl
@@ -200,6 +224,7 @@ def privatize_files(
         raise ValueError("records must be file_records' bytes")
     skipped = set(skip)
     virtual = set(virtual_devices)
+    known = dict(paths)
     privatized: list[int] = []
     failed: list[tuple[int, int]] = []
     for fd, dev, ino, offset in _RECORD.iter_unpack(records):
@@ -218,7 +243,9 @@ def privatize_files(
         try:
             if (dev, ino) != (found.st_dev, found.st_ino) or offset < 0:
                 offset = os.lseek(fd, 0, os.SEEK_CUR)
-            fresh = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | (flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC)
+            fresh = _open_by_path(known[fd], flags, found) if fd in known else -1
+            if fresh < 0:
+                fresh = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | (flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC)
             if offset:
                 os.lseek(fresh, offset, os.SEEK_SET)
             os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))

@@ -120,19 +120,24 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
 
 
 def privatize_files(
-    records: bytes, skip: tuple[int, ...], virtual_devices: tuple[int, ...], check_locks: bool
+    records: bytes,
+    skip: tuple[int, ...],
+    virtual_devices: tuple[int, ...],
+    check_locks: bool,
+    paths: tuple[tuple[int, bytes], ...],
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """In a worker: give each descriptor of ``records`` (``file_records``', made by the parent before
     the fork) still open read-only on a regular file its own open file description of that file, at
     the recorded offset (read now where the descriptor names another file since), under the same
-    number and with the same flags, reopened through ``/proc/self/fd``. Skipped: the descriptors of
+    number and with the same flags, reopened by its path in ``paths`` (``(fd, path)`` sorted by fd)
+    where that still names the same file (st_dev, st_ino), else through ``/proc/self/fd``. Skipped: the descriptors of
     ``skip``, files on ``virtual_devices`` (``st_dev`` values), writable descriptors and, with
     ``check_locks``, descriptions holding an exclusive flock/OFD lock (``exclusively_locked``).
     Returns ``(privatized, failed)``: the descriptors given their own description, and ``(fd,
     errno)`` of those that could not be, left as they were. With the C extension a worker makes no
     Python object per file (thousands of shards: each object a page the worker shares with its
     parent, copied)."""
-    return _impl.privatize_files(records, skip, virtual_devices, check_locks)
+    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths)
 
 
 def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:

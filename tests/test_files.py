@@ -325,9 +325,12 @@ def test_the_walk_finds_files_behind_large_containers_closures_and_partials_and_
             collate_fn=lambda batch: (captured, batch),
             worker_init_fn=functools.partial(print, files[5]),
         )
-        found = _held_files.held_descriptors(loader)
+        names: dict[int, bytes] = {}
+        found = _held_files.held_descriptors(loader, names)
         assert found == {dataset.fd, *(files[i].fileno() for i in (0, 1, 2, 4, 5))}, found
         assert elsewhere.fileno() not in found
+        # The path each file object was opened by, for the worker's reopen; none for a raw descriptor.
+        assert names == {files[i].fileno(): os.fsencode(binary) for i in (0, 1, 2, 4, 5)}, names
         os.close(dataset.fd)
     finally:
         for f in (*files, elsewhere):

@@ -94,9 +94,10 @@ def _named_globals(function: FunctionType) -> list[Any]:
     return [module_globals[name] for name in names if name in module_globals]
 
 
-def held_descriptors(loader: Any) -> frozenset[int] | str:
+def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> frozenset[int] | str:
     """The descriptors of regular files ``loader``'s objects hold (file objects, raw descriptor
-    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``."""
+    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``. ``names``, if
+    given, gets the path a file object names for its descriptor (the one found first)."""
     if loader is None:
         return EVERY_FILE
     fds: set[int] = set()
@@ -115,6 +116,8 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
             fd = _fileno(node)
             if fd is not None:
                 fds.add(fd)
+                if names is not None and fd not in names:
+                    _add_name(node, fd, names)
         elif hl_object is not None and issubclass(cls, hl_object):
             if not _h5py_file(node, h5py, fds, identities, h5py_files):
                 return EVERY_FILE
@@ -264,6 +267,18 @@ def _fileno(f: io.IOBase) -> int | None:
         return None if f.closed else f.fileno()
     except Exception:  # in-memory or remote file objects (BytesIO, fsspec): no descriptor
         return None
+
+
+def _add_name(f: io.IOBase, fd: int, names: dict[int, bytes]) -> None:
+    """The path ``f`` was opened by (``name``: a file object opened by descriptor has an int there)."""
+    try:
+        name = f.name  # type: ignore[attr-defined]
+    except Exception:  # none, or a property that raises
+        return
+    if isinstance(name, (str, bytes)) and name:
+        path = os.fsencode(name)
+        if b"\0" not in path:
+            names[fd] = path
 
 
 def _is_regular_file(fd: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import os
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _hooks, hook_names, native
 from .._context import ForkContext, fork_context
@@ -21,16 +21,19 @@ NAME = hook_names.FILES
 SharedFileWarning = _reopen.SharedFileWarning
 
 
-def privatize_inherited_files(records: bytes | None = None, *, locks_checked: bool = False) -> None:
+def privatize_inherited_files(
+    records: bytes | None = None, *, locks_checked: bool = False, paths: _reopen.Paths = ()
+) -> None:
     """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
     default those the parent recorded for this fork, else every descriptor open now) its own
-    description; ``locks_checked``: the parent left out those holding an exclusive lock."""
+    description; ``locks_checked``: the parent left out those holding an exclusive lock; ``paths``:
+    the paths the files were opened by, where known (see ``_reopen.privatize_files``)."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
     records = _reopen.offsets_at_fork() if records is None else records
-    _reopen.privatize_files(records, worker, locks_checked=locks_checked)
+    _reopen.privatize_files(records, worker, locks_checked=locks_checked, paths=paths)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -78,19 +81,19 @@ class FilesBackend(Backend):
     runs_after = (hook_names.H5PY,)
 
     def __init__(self) -> None:
-        # loader -> the descriptors its objects held at its last start, sorted (or EVERY_FILE)
-        self._held: weakref.WeakKeyDictionary[Any, tuple[int, ...] | str] = weakref.WeakKeyDictionary()
+        # loader -> the files its objects held at its last start (or EVERY_FILE)
+        self._held: weakref.WeakKeyDictionary[Any, _Held | str] = weakref.WeakKeyDictionary()
 
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
-        if isinstance(held, tuple):
+        if isinstance(held, _Held):
             # Each held descriptor (a regular file open read-only and unlocked at the start), as it is
             # now, with its offset: for the worker, which checks each again (one closed and reused since).
-            records = native.file_records(held, False) if held else b""
+            records = native.file_records(held.fds, False) if held.fds else b""
             if not records:
                 return self.NOTHING_TO_DO
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
-            return records
+            return records, held.paths
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
@@ -98,9 +101,12 @@ class FilesBackend(Backend):
         _reopen.offsets_at_fork()  # made in the parent for this fork's hooks, and inherited by the worker
         return None
 
-    def after_in_child(self, ctx: ForkContext, plan: bytes | None) -> None:
-        # A plan: the records of the loader's files, whose locks prepare_start read.
-        privatize_inherited_files(plan, locks_checked=plan is not None)
+    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths] | None) -> None:
+        if plan is None:  # every read-only file, recorded by the parent for this fork
+            privatize_inherited_files()
+        else:  # the records of the loader's files, whose locks prepare_start read
+            records, paths = plan
+            privatize_inherited_files(records, locks_checked=True, paths=paths)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
         # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
@@ -113,14 +119,27 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
-                self._held[loader] = ()
+                self._held[loader] = _Held((), ())
             else:
-                held = _held_files.held_descriptors(loader)
-                self._held[loader] = held if isinstance(held, str) else _unlocked_read_only_files(held)
+                names: dict[int, bytes] = {}
+                held = _held_files.held_descriptors(loader, names)
+                if isinstance(held, str):
+                    self._held[loader] = held
+                else:
+                    fds = _unlocked_read_only_files(held)
+                    self._held[loader] = _Held(fds, tuple((fd, names[fd]) for fd in fds if fd in names))
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
             _reopen.register_reducer(io.TextIOWrapper, reduce_file)
+
+
+class _Held(NamedTuple):
+    """What a loader's objects held at its start: the descriptors (sorted) of regular files open
+    read-only and unlocked, and the paths the file objects among them were opened by (by fd)."""
+
+    fds: tuple[int, ...]
+    paths: _reopen.Paths
 
 
 def _unlocked_read_only_files(fds: frozenset[int]) -> tuple[int, ...]:

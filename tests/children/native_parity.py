@@ -13,7 +13,8 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
                         their offsets
   privatize_files       in a fork each, both give the same descriptors their own description at the
                         recorded offset and skip the same ones (writable, locked, /proc, asked to skip);
-                        with no descriptor left, both report each as failed; exclusively_locked: both
+                        with no descriptor left, both report each as failed; by path where it still
+                        names the file, else (another file, a FIFO) as without; exclusively_locked: both
                         find the locked one: prints "ok"
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
@@ -175,7 +176,7 @@ def file_records():
     print("ok")
 
 
-def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True):
+def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True, paths=()):
     """What ``impl.privatize_files`` did in a forked child, as a printable tuple."""
     r, w = os.pipe()
     pid = os.fork()
@@ -189,7 +190,7 @@ def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_
                         os.open(os.devnull, os.O_RDONLY)
                     except OSError:
                         break
-            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks)
+            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks, paths)
             # A private description: moving its offset leaves the parent's (and the siblings') alone.
             offsets = {name: os.lseek(fd, 0, os.SEEK_CUR) for name, fd in files.items()}
             for fd in files.values():
@@ -197,8 +198,9 @@ def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_
             flags = {name: (fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_NONBLOCK),
                             fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC) for name, fd in files.items()}
             names = {fd: name for name, fd in files.items()}
+            read = {name: os.pread(fd, 2, 0) for name, fd in files.items() if name != "writable"}
             report = (sorted(names[fd] for fd in privatized), sorted((names[fd], code) for fd, code in failed),
-                      offsets, flags)
+                      offsets, flags, read)
             os.write(w, repr(report).encode())
         finally:
             os._exit(0)
@@ -218,7 +220,7 @@ def privatize_files():
 
     def path(name):
         with open(os.path.join(directory, name), "wb") as f:
-            f.write(bytes(range(200)))
+            f.write(name.encode() * 200)
         return os.path.join(directory, name)
 
     files = {
@@ -230,7 +232,17 @@ def privatize_files():
         "locked": os.open(path("f"), os.O_RDONLY),
         "shared_lock": os.open(path("g"), os.O_RDONLY),
         "virtual": os.open("/proc/self/status", os.O_RDONLY),
+        "replaced": os.open(path("h"), os.O_RDONLY),
     }
+    os.rename(path("h"), os.path.join(directory, "h.old"))
+    path("h")  # another file at the path since
+    fifo = os.path.join(directory, "fifo")
+    os.mkfifo(fifo)
+    # Reopened by path: where it names the file (at_50, moved_since, locked); not where it names another
+    # file (inheritable, replaced) or a FIFO (shared_lock: opened non-blocking, so no hang): /proc/self/fd.
+    paths = tuple(sorted((files[name], os.fsencode(os.path.join(directory, at))) for name, at in (
+        ("at_50", "a"), ("moved_since", "b"), ("locked", "f"), ("inheritable", "d"), ("replaced", "h"),
+        ("shared_lock", fifo))))
     os.set_inheritable(files["inheritable"], True)
     os.lseek(files["at_50"], 50, os.SEEK_SET)
     os.lseek(files["moved_since"], 20, os.SEEK_SET)
@@ -249,8 +261,19 @@ def privatize_files():
         os.lseek(files[name], 0, os.SEEK_SET)
     b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files)
     assert a == b, (a, b)
-    privatized, failed, offsets, flags = eval(a)
-    assert privatized == ["at_50", "inheritable", "moved_since", "shared_lock"] and failed == [], a
+    privatized, failed, offsets, flags, read = eval(a)
+    assert privatized == ["at_50", "inheritable", "moved_since", "replaced", "shared_lock"] and failed == [], a
+    assert read["replaced"] == b"hh" and read["inheritable"] == b"cc", a  # the inherited files, not the paths'
+    reset = {name: os.lseek(files[name], 0, os.SEEK_CUR) for name in ("asked_to_skip", "writable", "locked", "virtual")}
+    for name in reset:
+        os.lseek(files[name], 0, os.SEEK_SET)
+    by_path = _privatize_in_a_fork(_native, records, skip, virtual, files, paths=paths)
+    for name in reset:
+        os.lseek(files[name], 0, os.SEEK_SET)
+    assert by_path == _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, paths=paths)
+    assert by_path == a, (by_path, a)  # the same files, offsets, flags and bytes, whichever way reopened
+    for name, offset in reset.items():
+        os.lseek(files[name], offset, os.SEEK_SET)
     assert offsets["at_50"] == 50 and offsets["moved_since"] == 20 and offsets["inheritable"] == 0, a
     assert flags["moved_since"] == (os.O_RDONLY | os.O_NONBLOCK, 1), a
     assert flags["inheritable"] == (os.O_RDONLY, 0) and flags["at_50"] == (os.O_RDONLY, 1), a
@@ -263,10 +286,11 @@ def privatize_files():
         os.lseek(fd, offset, os.SEEK_SET)
     b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, limit=True)
     assert a == b, (a, b)
-    privatized, failed, offsets, flags = eval(a)
+    privatized, failed, offsets, flags, read = eval(a)
     # The lock cannot be read either (no descriptor for /proc/self/fdinfo): tried as if unlocked.
-    assert privatized == [] and failed == [(name, errno.EMFILE) for name in
-                                           ("at_50", "inheritable", "locked", "moved_since", "shared_lock")], a
+    assert privatized == [] and failed == [
+        (name, errno.EMFILE) for name in ("at_50", "inheritable", "locked", "moved_since", "replaced", "shared_lock")
+    ], a
     assert offsets["at_50"] == 60, a  # still the parent's description
     assert os.lseek(files["at_50"], 0, os.SEEK_CUR) == 63  # which the worker moved
     # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
@@ -274,12 +298,12 @@ def privatize_files():
     assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
     for fd, offset in before.items():
         os.lseek(fd, offset, os.SEEK_SET)
-    a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False)
+    a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False, paths=paths)
     for fd, offset in before.items():
         os.lseek(fd, offset, os.SEEK_SET)
-    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, check_locks=False)
+    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, check_locks=False, paths=paths)
     assert a == b, (a, b)
-    assert eval(a)[0] == ["at_50", "inheritable", "locked", "moved_since", "shared_lock"], a
+    assert eval(a)[0] == ["at_50", "inheritable", "locked", "moved_since", "replaced", "shared_lock"], a
     for impl in (_native, _native_fallback):
         try:
             impl.exclusively_locked(list(fds))
@@ -288,7 +312,7 @@ def privatize_files():
         else:
             raise AssertionError(f"{impl.__name__} took a list")
         try:
-            impl.privatize_files(records[:-1], (), (), True)
+            impl.privatize_files(records[:-1], (), (), True, ())
         except ValueError as exc:
             assert "file_records' bytes" in str(exc), exc
         else:
