@@ -111,11 +111,8 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
 
 
 def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
-    """The regular files among ``fds`` (``None``: every open descriptor), only those open read-only
-    with ``read_only``, as records packed in one bytes object (struct ``"=qQQq"`` each): ``(fd,
-    st_dev, st_ino, offset)``, the offset -1 where the file cannot seek. What the parent hands a
-    worker (``privatize_files``): one object, where a tuple per file would be thousands of objects
-    made before each fork and freed after it, each free writing a page the worker shares."""
+    """``(fd, st_dev, st_ino, offset or -1)`` of the regular files among ``fds`` (None: every open
+    descriptor; only those open read-only with ``read_only``), packed (struct ``"=qQQq"`` each)."""
     return _impl.file_records(fds, read_only)
 
 
@@ -126,26 +123,14 @@ def privatize_files(
     check_locks: bool,
     paths: tuple[tuple[int, bytes], ...],
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """In a worker: give each descriptor of ``records`` (``file_records``', made by the parent before
-    the fork) still open read-only on a regular file its own open file description of that file, at
-    the recorded offset (read now where the descriptor names another file since), under the same
-    number and with the same flags, reopened by its path in ``paths`` (``(fd, path)`` sorted by fd)
-    where that still names the same file (st_dev, st_ino), else through ``/proc/self/fd``. Skipped: the descriptors of
-    ``skip``, files on ``virtual_devices`` (``st_dev`` values), writable descriptors and, with
-    ``check_locks``, descriptions holding an exclusive flock/OFD lock (``exclusively_locked``).
-    Returns ``(privatized, failed)``: the descriptors given their own description, and ``(fd,
-    errno)`` of those that could not be, left as they were. With the C extension a worker makes no
-    Python object per file (thousands of shards: each object a page the worker shares with its
-    parent, copied)."""
+    """In a worker: give each read-only regular file of ``records`` its own description at the
+    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``
+    (why and how: csrc/private_files.c)."""
     return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths)
 
 
 def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
-    """The descriptors of ``fds`` whose open file description holds an exclusive (write) flock or
-    OFD lock, read from ``/proc/self/fdinfo`` (never ``/proc/locks``: reading that takes the
-    kernel's global file-lock semaphore for writing, which waits for an RCU grace period and stalls
-    every lock call on the system). POSIX (fcntl) locks belong to the process, not to the
-    description: not counted. About 10 us a descriptor, most of it the kernel's."""
+    """The descriptors of ``fds`` whose open file description holds an exclusive flock or OFD lock."""
     return _impl.exclusively_locked(fds)
 
 
@@ -153,12 +138,8 @@ READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits
 
 
 def descriptor_kinds(until: int = 7) -> int:
-    """What kinds of descriptor this process holds, a bitmask: ``READ_ONLY_FILE`` (a regular file
-    open read-only), ``REGULAR_FILE`` (any regular file), ``TCP_SOCKET`` (an IPv4/IPv6 stream
-    socket, connected or not). With the C extension it allocates nothing: the parent asks before
-    each worker fork whether the files and sockets hooks have anything to do in that worker. The
-    listing stops once each kind of ``until`` is seen: a kind not in ``until`` may then be missing
-    (a parent holding thousands of files asked whether one is open read-only lists one or two)."""
+    """The kinds of descriptor this process holds, a bitmask of ``READ_ONLY_FILE``, ``REGULAR_FILE``,
+    ``TCP_SOCKET``; the listing stops once each kind of ``until`` is seen (others may then be missing)."""
     return _impl.descriptor_kinds(until)
 
 
