@@ -43,6 +43,7 @@ setup(
                 "csrc/threads.c",
                 "csrc/proc_entries.c",
                 "csrc/descriptors.c",
+                "csrc/private_files.c",
                 "csrc/signals.c",
                 "csrc/backtrace.c",
                 "csrc/loaded_objects.c",

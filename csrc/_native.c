@@ -14,6 +14,9 @@
  *   of the open descriptors; descriptor_kinds(), whether a read-only file or a TCP socket is
  *   open, allocating nothing (between a loader start's forks); reserve_descriptor_slots(), grow
  *   the descriptor table ahead of need (safeloader/_fd_table.py).
+ * - private_files.c: file_records(), what the parent records of the regular files a worker
+ *   inherits, and privatize_files(), the worker's own open file description of each read-only
+ *   one (the "files" hook: a Dataset may hold thousands).
  * - proc_entries.c: the allocation-free listing of /proc/self/task and /proc/self/fd that
  *   threads_within and descriptor_kinds share.
  * - signals.c: signal_handler_address() tells whether a signal is free (a handler installed
@@ -99,14 +102,31 @@ static PyMethodDef methods[] = {
     {"free_signals", sl_free_signals, METH_O,
      "free_signals($module, count, /)\n--\n\n"
      "Up to `count` real-time signals whose disposition is SIG_DFL, from SIGRTMAX down."},
-    {"descriptor_kinds", sl_descriptor_kinds_py, METH_NOARGS,
-     "descriptor_kinds($module, /)\n--\n\n"
+    {"descriptor_kinds", sl_descriptor_kinds_py, METH_VARARGS,
+     "descriptor_kinds($module, until=7, /)\n--\n\n"
      "What kinds of descriptor this process holds, a bitmask: 1 a regular file open read-only, "
-     "2 a regular file, 4 an IPv4/IPv6 stream socket."},
+     "2 a regular file, 4 an IPv4/IPv6 stream socket; the listing stops once each kind of `until` "
+     "is seen (a kind not in `until` may then be missing)."},
     {"reserve_descriptor_slots", sl_reserve_descriptor_slots, METH_O,
      "reserve_descriptor_slots($module, spare, /)\n--\n\n"
      "Grow this process's descriptor table to hold `spare` descriptors above the lowest free number "
      "(capped by the RLIMIT_NOFILE soft limit); the slots asked of the kernel, or 0 where nothing was done."},
+    {"file_records", sl_file_records, METH_VARARGS,
+     "file_records($module, fds, read_only, /)\n--\n\n"
+     "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
+     "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
+    {"privatize_files", sl_privatize_files, METH_VARARGS,
+     "privatize_files($module, records, skip, virtual_devices, check_locks, paths, /)\n--\n\n"
+     "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "
+     "regular file its own open file description, at the recorded offset, under the same number, opened "
+     "by its path in `paths` ((fd, bytes) sorted by fd) where that names the same file, else through "
+     "/proc/self/fd; "
+     "skipped: `skip`, files on `virtual_devices`, with `check_locks` descriptions holding an exclusive "
+     "lock. `failed`: (fd, errno) of those left shared."},
+    {"exclusively_locked", sl_exclusively_locked, METH_O,
+     "exclusively_locked($module, fds, /)\n--\n\n"
+     "The descriptors of `fds` (a tuple) whose open file description holds an exclusive flock or OFD "
+     "lock, read from /proc/self/fdinfo."},
     {"signal_handler_address", sl_signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

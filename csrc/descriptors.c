@@ -75,33 +75,48 @@ static PyObject *list_descriptors(int offsets) {
  * 2, a regular file (any access mode); 4, an IPv4/IPv6 stream socket (TCP, connected or not).
  * The parent asks before each worker fork whether the fork hooks that privatize files and sever
  * connections have anything to do there; when they do not, their worker runs none of their code.
- * Allocates nothing (sl_each_proc_entry). */
+ * Allocates nothing (sl_each_proc_entry). A kind already seen is not asked again of the kernel (a
+ * parent holding thousands of files: one fcntl, not one a file), and the listing stops once every
+ * kind of `until` is seen (`any`: once one of them is). */
+#define EVERY_KIND 7L
+
+struct kinds {
+    long kinds, until;
+    int any;
+};
+
 static int add_kind(long fd, int own, void *data) {
-    long *kinds = data;
+    struct kinds *found = data;
     struct stat st;
     if (fd == own || fstat((int)fd, &st) != 0) return 1;  /* the listing's own, or closed meanwhile */
     if (S_ISREG(st.st_mode)) {
-        *kinds |= 2;
-        int flags = fcntl((int)fd, F_GETFL);
-        if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) *kinds |= 1;
-    } else if (S_ISSOCK(st.st_mode)) {
+        found->kinds |= 2;
+        if (!(found->kinds & 1)) {
+            int flags = fcntl((int)fd, F_GETFL);
+            if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) found->kinds |= 1;
+        }
+    } else if (S_ISSOCK(st.st_mode) && !(found->kinds & 4)) {
         int domain = 0, type = 0;
         socklen_t size = sizeof domain;
         if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 1;
         size = sizeof type;
         if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 1;
-        if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) *kinds |= 4;
+        if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) found->kinds |= 4;
     }
-    return 1;
+    long seen = found->kinds & found->until;
+    return (found->any ? seen != 0 : seen == found->until) ? 0 : 1;
 }
 
-long sl_descriptor_kinds(void) {
-    long kinds = 0;
-    return sl_each_proc_entry("/proc/self/fd", add_kind, &kinds) < 0 ? -1 : kinds;
+long sl_descriptor_kinds(long until, int any) {
+    struct kinds found = {0, until & EVERY_KIND, any};
+    if (found.until == 0) return 0;
+    return sl_each_proc_entry("/proc/self/fd", add_kind, &found) < 0 ? -1 : found.kinds;
 }
 
-PyObject *sl_descriptor_kinds_py(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) {
-    long kinds = sl_descriptor_kinds();
+PyObject *sl_descriptor_kinds_py(PyObject *Py_UNUSED(self), PyObject *args) {
+    long until = EVERY_KIND;
+    if (!PyArg_ParseTuple(args, "|l:descriptor_kinds", &until)) return NULL;
+    long kinds = sl_descriptor_kinds(until, 0);
     return kinds < 0 ? NULL : PyLong_FromLong(kinds);
 }
 

@@ -212,7 +212,8 @@ PyObject *sl_fast_fork_before(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unu
     if (!sl_loaded_counters(&adds, &subs) || adds != fast.adds || subs != fast.subs) goto python;
     if (sl_threads_within(fast.thread_ids) != 1) goto python;
     if (fast.kinds_mask != 0) {
-        long kinds = sl_descriptor_kinds();
+        /* Any one kind of the mask is enough to refuse: the listing stops at the first. */
+        long kinds = sl_descriptor_kinds(fast.kinds_mask, 1);
         if (kinds < 0 || (kinds & fast.kinds_mask)) goto python;
     }
     worker = launched_worker(&popen);

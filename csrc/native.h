@@ -26,11 +26,18 @@ PyObject *sl_thread_ids(PyObject *self, PyObject *unused);
 PyObject *sl_threads_within_py(PyObject *self, PyObject *known);
 
 /* descriptors.c: this process's descriptor table. */
-long sl_descriptor_kinds(void); /* the descriptor_kinds() bitmask, or -1 with an exception set */
+/* The descriptor_kinds() bitmask, or -1 with an exception set; the listing stops once each kind of
+ * `until` is seen (with `any`, once one is), and the kinds not in `until` may then be missing. */
+long sl_descriptor_kinds(long until, int any);
 PyObject *sl_descriptor_table(PyObject *self, PyObject *unused);
 PyObject *sl_regular_file_offsets(PyObject *self, PyObject *unused);
-PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *unused);
+PyObject *sl_descriptor_kinds_py(PyObject *self, PyObject *args);
 PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
+
+/* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */
+PyObject *sl_file_records(PyObject *self, PyObject *args);
+PyObject *sl_privatize_files(PyObject *self, PyObject *args);
+PyObject *sl_exclusively_locked(PyObject *self, PyObject *fds);
 
 /* signals.c: signal dispositions, and the Python face of backtrace.c. */
 PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);

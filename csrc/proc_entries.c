@@ -1,6 +1,7 @@
 /*
  * The numbered entries of a /proc directory (/proc/self/task, /proc/self/fd), listed without
- * allocating: the walk threads.c's threads_within and descriptors.c's descriptor_kinds share.
+ * allocating: the walk threads.c's threads_within and descriptors.c's descriptor_kinds share
+ * (and private_files.c's file_records, which allocates its records).
  *
  * Why native: they run in the parent between a loader start's worker forks, where every object
  * allocated or freed writes a page the workers forked so far share (a copy-on-write fault each).

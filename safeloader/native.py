@@ -27,6 +27,7 @@ __all__ = [
     "ThreadCensus",
     "descriptor_kinds",
     "descriptor_table",
+    "exclusively_locked",
     "exit_handler_lock",
     "fast_fork_after_in_parent",
     "fast_fork_arm",
@@ -34,12 +35,14 @@ __all__ = [
     "fast_fork_disarm",
     "fast_fork_in_child",
     "fast_fork_python_fork",
+    "file_records",
     "foreign_thread_ids",
     "fork_generation",
     "free_signals",
     "install_backtrace_handler",
     "loaded_counters",
     "loaded_objects",
+    "privatize_files",
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -89,12 +92,37 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
     return _impl.regular_file_offsets()
 
 
+def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
+    """``(fd, st_dev, st_ino, offset or -1)`` of the regular files among ``fds`` (None: every open
+    descriptor; only those open read-only with ``read_only``), packed (struct ``"=qQQq"`` each)."""
+    return _impl.file_records(fds, read_only)
+
+
+def privatize_files(
+    records: bytes,
+    skip: tuple[int, ...],
+    virtual_devices: tuple[int, ...],
+    check_locks: bool,
+    paths: tuple[tuple[int, bytes], ...],
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """In a worker: give each read-only regular file of ``records`` its own description at the
+    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``
+    (why and how: csrc/private_files.c)."""
+    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths)
+
+
+def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
+    """The descriptors of ``fds`` whose open file description holds an exclusive flock or OFD lock."""
+    return _impl.exclusively_locked(fds)
+
+
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits
 
 
-def descriptor_kinds() -> int:
-    """The kinds of descriptor this process holds, a bitmask of ``READ_ONLY_FILE``, ``REGULAR_FILE``, ``TCP_SOCKET``."""
-    return _impl.descriptor_kinds()
+def descriptor_kinds(until: int = 7) -> int:
+    """The kinds of descriptor this process holds, a bitmask of ``READ_ONLY_FILE``, ``REGULAR_FILE``,
+    ``TCP_SOCKET``; the listing stops once each kind of ``until`` is seen (others may then be missing)."""
+    return _impl.descriptor_kinds(until)
 
 
 def reserve_descriptor_slots(spare: int) -> int:

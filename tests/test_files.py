@@ -91,6 +91,40 @@ def test_deleted_and_moved_files_still_read_the_parents_file(tmp_path):
     check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
 
 
+class Shards(Dataset):
+    """Record i from shard i % len(shards), through the unbuffered files of a list the Dataset opened
+    in ``__init__`` (hundreds: found by the walk's search by kind, privatized by one C call each worker)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.shards = [open(path, "rb", buffering=0) for path in paths]
+
+    def __len__(self) -> int:
+        return len(self.shards) * SHARD_RECORDS
+
+    def __getitem__(self, i: int):
+        f = self.shards[i % len(self.shards)]
+        f.seek(i // len(self.shards) * RECORD)
+        return i, np.frombuffer(f.read(RECORD), np.uint8)[None]
+
+
+SHARD_RECORDS = 4
+
+
+def test_hundreds_of_shards_the_dataset_holds_each_read_at_their_own_offset_and_leave_the_parents_alone(tmp_path):
+    count = 300
+    data = np.random.default_rng(3).integers(0, 256, (count, SHARD_RECORDS, RECORD), dtype=np.uint8)
+    paths = []
+    for shard in range(count):
+        paths.append(str(tmp_path / f"shard{shard}.bin"))
+        data[shard].tofile(paths[-1])
+    dataset = Shards(paths)
+    for shard, f in enumerate(dataset.shards):  # where the parent left each one
+        f.seek(shard % SHARD_RECORDS * RECORD + 5)
+    expected = data.transpose(1, 0, 2).reshape(-1, 1, RECORD)  # item i: shard i % count, record i // count
+    assert check_random_reads(random_loader(DataLoader, dataset), expected, seconds=0.5)
+    assert [f.tell() for f in dataset.shards] == [shard % SHARD_RECORDS * RECORD + 5 for shard in range(count)]
+
+
 class RecordsWithConfig(Records):
     """Records, plus a file the process holds open read-only but the Dataset never reads
     (a library's config or log): the kind of descriptor whose reopen may fail."""
@@ -114,15 +148,15 @@ def refuse_reopen_in_workers(fds: list[int], code: int) -> None:
     and record the worker's warnings: a child hook that runs before "files" (first=True)."""
 
     def refuse() -> None:
-        real_open = os.open
-        refused = {f"/proc/self/fd/{fd}" for fd in fds}
+        from safeloader import native
 
-        def open_refusing(path, *args, **kwargs):
-            if str(path) in refused:
-                raise OSError(code, os.strerror(code))
-            return real_open(path, *args, **kwargs)
+        real_privatize = native.privatize_files
 
-        os.open = open_refusing  # in this worker only: its own copy of the os module
+        def privatize_refusing(records, skip, *args):  # as if reopening each of fds failed
+            privatized, failed = real_privatize(records, (*skip, *fds), *args)
+            return privatized, (*failed, *((fd, code) for fd in fds))
+
+        native.privatize_files = privatize_refusing  # in this worker only: its own copy of the module
         warnings.simplefilter("always")
 
         def record(message, category, *args, **kwargs):  # as text, for the Dataset to return
@@ -291,9 +325,12 @@ def test_the_walk_finds_files_behind_large_containers_closures_and_partials_and_
             collate_fn=lambda batch: (captured, batch),
             worker_init_fn=functools.partial(print, files[5]),
         )
-        found = _held_files.held_descriptors(loader)
+        names: dict[int, bytes] = {}
+        found = _held_files.held_descriptors(loader, names)
         assert found == {dataset.fd, *(files[i].fileno() for i in (0, 1, 2, 4, 5))}, found
         assert elsewhere.fileno() not in found
+        # The path each file object was opened by, for the worker's reopen; none for a raw descriptor.
+        assert names == {files[i].fileno(): os.fsencode(binary) for i in (0, 1, 2, 4, 5)}, names
         os.close(dataset.fd)
     finally:
         for f in (*files, elsewhere):

@@ -84,6 +84,19 @@ def test_regular_file_offsets_agree_and_skip_what_cannot_seek():
     assert result.stdout.strip() == "ok"
 
 
+def test_file_records_agree_and_record_each_regular_file_at_its_offset():
+    result = check_script("native_parity.py", "file_records", timeout=30)
+    assert result.stdout.strip() == "ok"
+
+
+def test_privatize_files_agree_and_give_each_read_only_file_its_own_offset_or_report_why_not():
+    # Skipped alike: writable, exclusively locked (unless the locks were read before), /proc, asked to
+    # skip; a record of another file since reads the offset now; a worker with no descriptor left
+    # reports each reopen failed (EMFILE). exclusively_locked agrees on which descriptions hold a lock.
+    result = check_script("native_parity.py", "privatize_files", timeout=30)
+    assert result.stdout.strip() == "ok", result
+
+
 def test_descriptor_kinds_agree_and_see_read_only_files_and_tcp_sockets():
     # What the child starts with (stdin: /dev/null; stdout: the helper's file, open for writing, or a
     # pipe), a file open for writing (2), unix and UDP sockets (no kind), a TCP socket (4), an
@@ -194,6 +207,9 @@ NATIVE_FUNCTIONS = (
     "descriptor_table",
     "descriptor_kinds",
     "regular_file_offsets",
+    "file_records",
+    "privatize_files",
+    "exclusively_locked",
     "reserve_descriptor_slots",
     "signal_handler_address",
     "free_signals",

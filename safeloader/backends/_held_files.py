@@ -39,6 +39,8 @@ _PROBE_NODES = 2_000
 _LEAF_TYPES = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None), range})
 _NOT_SEARCHED = (type, ModuleType, BuiltinFunctionType)
 _CONTAINERS = (list, tuple, set, frozenset, deque)
+# io's own file classes (exact types): thousands of shards a Dataset holds are each looked at cheaply.
+_IO_CLASSES = frozenset({io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper})
 _slot_names: dict[type, tuple[str, ...]] = {}
 # Extension types that hold a Python file object in an attribute of their own (no __dict__): by
 # top-level package, the attributes to follow. PyAV: a container's PyIOFile (``.file``), its file (``.file``).
@@ -92,9 +94,10 @@ def _named_globals(function: FunctionType) -> list[Any]:
     return [module_globals[name] for name in names if name in module_globals]
 
 
-def held_descriptors(loader: Any) -> frozenset[int] | str:
+def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> frozenset[int] | str:
     """The descriptors of regular files ``loader``'s objects hold (file objects, raw descriptor
-    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``."""
+    numbers in attributes, HDF5 files, anything built on them), or ``EVERY_FILE``. ``names``, if
+    given, gets the path a file object names for its descriptor (the one found first)."""
     if loader is None:
         return EVERY_FILE
     fds: set[int] = set()
@@ -113,6 +116,8 @@ def held_descriptors(loader: Any) -> frozenset[int] | str:
             fd = _fileno(node)
             if fd is not None:
                 fds.add(fd)
+                if names is not None and fd not in names:
+                    _add_name(node, fd, names)
         elif hl_object is not None and issubclass(cls, hl_object):
             if not _h5py_file(node, h5py, fds, identities, h5py_files):
                 return EVERY_FILE
@@ -165,6 +170,8 @@ def _walk(
 
 def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visits, probing: bool) -> Any:
     """What ``node`` holds, to search next."""
+    if type(node) in _IO_CLASSES and _names_only(node):
+        return ()
     if isinstance(node, (dict, *_CONTAINERS)):
         items = node.values() if isinstance(node, dict) else node
         if len(node) > _MAX_CONTAINER and _plain_values(items, len(node)):
@@ -180,6 +187,13 @@ def _held_by(node: Any, numbers: set[int], hl_object: type | None, visits: _Visi
     if isinstance(node, MethodType):
         return (node.__self__, node.__func__)
     return _attributes(node, numbers)
+
+
+def _names_only(f: Any) -> bool:
+    """Whether a file object of io's own classes holds nothing to search: its state is in C, and
+    its attributes are its name and mode (strings), unless the program set others."""
+    attributes = getattr(f, "__dict__", None)
+    return not attributes or all(type(value) is str for value in attributes.values())
 
 
 def _plain_values(items: Any, size: int) -> bool:
@@ -253,6 +267,18 @@ def _fileno(f: io.IOBase) -> int | None:
         return None if f.closed else f.fileno()
     except Exception:  # in-memory or remote file objects (BytesIO, fsspec): no descriptor
         return None
+
+
+def _add_name(f: io.IOBase, fd: int, names: dict[int, bytes]) -> None:
+    """The path ``f`` was opened by (``name``: a file object opened by descriptor has an int there)."""
+    try:
+        name = f.name  # type: ignore[attr-defined]
+    except Exception:  # none, or a property that raises
+        return
+    if isinstance(name, (str, bytes)) and name:
+        path = os.fsencode(name)
+        if b"\0" not in path:
+            names[fd] = path
 
 
 def _is_regular_file(fd: int) -> bool:

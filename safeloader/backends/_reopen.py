@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,10 @@ from . import _descriptors
 _PROC_FD = _descriptors.PROC_FD
 # Filesystems whose content the kernel generates: an offset there is not shared data.
 _VIRTUAL_MOUNTS = ("/proc", "/sys", "/dev")
-_FDINFO_READ = 65536
+RECORD = struct.Struct("=qQQq")
+"""``native.file_records``' record of a regular file: fd, st_dev, st_ino, offset (-1: cannot seek)."""
+Paths = tuple[tuple[int, bytes], ...]
+"""(fd, path) of the files whose path is known (a file object's ``name``), sorted by fd."""
 # File status flags a fresh description should keep (access mode set separately).
 _KEPT_STATUS_FLAGS = (
     getattr(os, "O_NONBLOCK", 0)
@@ -115,43 +119,6 @@ def _virtual_device_ids() -> frozenset[int]:
     return _process.virtual_devices
 
 
-def is_virtual(entry: InheritedFd) -> bool:
-    """Whether the file lives on /proc, /sys or /dev."""
-    return entry.dev in _virtual_device_ids()
-
-
-def holds_exclusive_lock(fd: int) -> bool:
-    """Whether this descriptor's open file description holds a write (exclusive)
-    flock or OFD lock. Such a description is a lock, not a data handle: a worker
-    that re-locked a private copy would block on the parent's lock.
-
-    Read from ``/proc/self/fdinfo/<fd>`` (one small read, about 10 µs), never
-    from ``/proc/locks``: reading that takes the kernel's global file-lock
-    semaphore for writing, which waits for an RCU grace period (milliseconds,
-    tens of them on a busy machine) and stalls every lock call on the system.
-    """
-    try:
-        info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        text = chunk = os.read(info, _FDINFO_READ)
-        while len(chunk) == _FDINFO_READ:  # a short read is the end: one read unless it holds many locks
-            chunk = os.read(info, _FDINFO_READ)
-            text += chunk
-    except OSError:
-        return False
-    finally:
-        os.close(info)
-    for line in text.split(b"\n"):
-        # b"lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". POSIX (fcntl) locks belong
-        # to the process, not to the description: a worker holds none of them, and is not skipped.
-        fields = line.split()
-        if len(fields) > 4 and fields[0] == b"lock:" and fields[2] in (b"FLOCK", b"OFDLCK") and b"WRITE" in fields:
-            return True
-    return False
-
-
 def private_fds() -> set[int]:
     """Descriptors this process has privatized already (none right after a fork)."""
     return _process.private if _process.pid == os.getpid() else set()
@@ -161,33 +128,29 @@ def _where(worker_id: int | None) -> str:
     return f"DataLoader worker {worker_id}" if worker_id is not None else f"process {os.getpid()}"
 
 
-Offsets = dict[int, tuple[int, int, int]]
-"""fd -> (device, inode, offset) of each regular file that can seek."""
-
-
-def offsets_at_fork(recorded: Offsets | None = None) -> Offsets:
+def offsets_at_fork(recorded: bytes | None = None) -> bytes:
     """In the parent, before a worker fork: each regular file's offset (or those ``recorded`` by
-    the caller), for the worker. Read in the worker instead, an offset can already have been moved
-    by the parent, which runs on while the worker starts, and its buffered readers (gzip, tarfile,
-    zipfile) would decode from the wrong place."""
-    _virtual_device_ids()  # for the child's is_virtual, inherited
-    # Files that cannot seek (or closed meanwhile) are left out: the child reads its own offset.
+    the caller), for the worker, as ``native.file_records`` records. Read in the worker instead, an
+    offset can already have been moved by the parent, which runs on while the worker starts, and its
+    buffered readers (gzip, tarfile, zipfile) would decode from the wrong place."""
+    _virtual_device_ids()  # for the child's privatize_files, inherited
+    # Files that cannot seek (or closed meanwhile) are recorded at -1: the child reads its own offset.
     return _context.fork_memo(_OFFSETS, _current_offsets if recorded is None else lambda: recorded)
 
 
 _OFFSETS = "memo:offsets"
 
 
-def _current_offsets() -> Offsets:
-    return {fd: (dev, ino, offset) for fd, dev, ino, offset in native.regular_file_offsets()}
+def _current_offsets() -> bytes:
+    return native.file_records(None, False)
 
 
 def _offset_at_fork(entry: InheritedFd) -> int:
-    # In a worker, the parent's record for this fork; an empty one where it made none.
-    no_record: Offsets = {}
-    recorded = _context.fork_memo(_OFFSETS, lambda: no_record).get(entry.fd)
-    if recorded is not None and recorded[:2] == (entry.dev, entry.ino):
-        return recorded[2]
+    # In a worker, the parent's record for this fork; none where it made none.
+    recorded = _context.fork_memo(_OFFSETS, bytes)
+    for fd, dev, ino, offset in RECORD.iter_unpack(recorded):
+        if fd == entry.fd and (dev, ino) == (entry.dev, entry.ino) and offset >= 0:
+            return offset
     return os.lseek(entry.fd, 0, os.SEEK_CUR)
 
 
@@ -219,7 +182,7 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
     access mode: a worker can then read, but not write, a file the parent
     holds writable. Raises OSError naming the path and the worker (the h5py
     backend relies on it: a worker must not keep a writable descriptor of a
-    file it was meant to be unable to write). See ``privatize_or_share``.
+    file it was meant to be unable to write). See ``privatize_files``.
     """
     try:
         fresh, offset = _open_fresh(entry, read_only)
@@ -233,37 +196,44 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
     _install_fresh(entry.fd, fresh, offset)
 
 
-def privatize_or_share(entry: InheritedFd, worker_id: int | None) -> bool:
-    """Like ``privatize`` (read-only), but if the file cannot be reopened, leave
-    the descriptor shared with the parent, as torch's DataLoader does, and warn
-    once per path in this process (``SharedFileWarning``). True if privatized.
+def privatize_files(
+    records: bytes, worker_id: int | None, *, locks_checked: bool = False, paths: Paths = ()
+) -> None:
+    """Like ``privatize`` (read-only) for each descriptor of ``records`` (``native.file_records``',
+    made by the parent for this fork) still open read-only on a regular file, except those already
+    private, on /proc, /sys or /dev, or holding an exclusive flock/OFD lock (a lock, not a data
+    handle: a worker re-locking a private copy would block on the parent's lock), unless
+    ``locks_checked``: the parent left those out of ``records`` already. One call into
+    ``native.privatize_files``: no Python object per file (a Dataset may hold thousands). A file
+    whose path is in ``paths`` is reopened by it where that still names the same file (st_dev,
+    st_ino): a third cheaper than through ``/proc/self/fd``.
 
-    The reopen can fail for reasons the program does not control (permissions
-    changed since the parent opened the file, a stale NFS handle, a file that
-    vanished, a device-backed path): most inherited descriptors are not the
-    Dataset's (library logs, configs), and failing the worker would be worse
-    than torch, which shares them all.
+    A file that cannot be reopened is left shared with the parent, as torch's DataLoader leaves
+    it, with a warning once per path in this process (``SharedFileWarning``): the reopen can fail
+    for reasons the program does not control (permissions changed since the parent opened the
+    file, a stale NFS handle, a file that vanished, a device-backed path), and failing the worker
+    would be worse than torch, which shares them all.
     """
-    try:
-        fresh, offset = _open_fresh(entry, read_only=True)
-    except OSError as exc:
-        path = entry.path
-        warned = _process.own().warned
-        if path not in warned:
-            warned.add(path)
-            import warnings
+    process = _process.own()
+    privatized, failed = native.privatize_files(
+        records, tuple(process.private), tuple(_virtual_device_ids()), not locks_checked, paths
+    )
+    process.private.update(privatized)
+    for fd, code in failed:
+        path = InheritedFd(fd, 0, 0, 0).path
+        if path in process.warned:
+            continue
+        process.warned.add(path)
+        import warnings
 
-            warnings.warn(
-                f"safeloader: {_where(worker_id)} could not reopen {path!r} (descriptor {entry.fd}) "
-                f"for its own file offset: [Errno {exc.errno}] {exc.strerror}. Reads through this descriptor are "
-                "shared with the parent and the other workers, as with torch's DataLoader; open the file in the "
-                "worker (e.g. lazily on first use) if the Dataset reads it",
-                SharedFileWarning,
-                stacklevel=2,
-            )
-        return False
-    _install_fresh(entry.fd, fresh, offset)
-    return True
+        warnings.warn(
+            f"safeloader: {_where(worker_id)} could not reopen {path!r} (descriptor {fd}) "
+            f"for its own file offset: [Errno {code}] {os.strerror(code)}. Reads through this descriptor are "
+            "shared with the parent and the other workers, as with torch's DataLoader; open the file in the "
+            "worker (e.g. lazily on first use) if the Dataset reads it",
+            SharedFileWarning,
+            stacklevel=2,
+        )
 
 
 def worker_id() -> int | None:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _hooks, hook_names, native
 from .._context import ForkContext, fork_context
@@ -22,21 +21,19 @@ NAME = hook_names.FILES
 SharedFileWarning = _reopen.SharedFileWarning
 
 
-
-def privatize_inherited_files(table: tuple[_descriptors.Descriptor, ...] | None = None) -> None:
-    """In a worker: give each read-only regular file of ``table`` (default: every inherited
-    descriptor, listed by the parent for this fork) its own description."""
+def privatize_inherited_files(
+    records: bytes | None = None, *, locks_checked: bool = False, paths: _reopen.Paths = ()
+) -> None:
+    """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
+    default those the parent recorded for this fork, else every descriptor open now) its own
+    description; ``locks_checked``: the parent left out those holding an exclusive lock; ``paths``:
+    the paths the files were opened by, where known (see ``_reopen.privatize_files``)."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
-    done = _reopen.private_fds()
-    for entry in _reopen.regular_file_fds(_descriptors.at_fork() if table is None else table):
-        if not entry.read_only or entry.fd in done or _reopen.is_virtual(entry):
-            continue
-        if _reopen.holds_exclusive_lock(entry.fd):
-            continue
-        _reopen.privatize_or_share(entry, worker)  # never fails the worker: see its docstring
+    records = _reopen.offsets_at_fork() if records is None else records
+    _reopen.privatize_files(records, worker, locks_checked=locks_checked, paths=paths)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -84,24 +81,32 @@ class FilesBackend(Backend):
     runs_after = (hook_names.H5PY,)
 
     def __init__(self) -> None:
-        # loader -> the descriptors its objects held at its last start (or EVERY_FILE)
-        self._held: weakref.WeakKeyDictionary[Any, frozenset[int] | str] = weakref.WeakKeyDictionary()
+        # loader -> the files its objects held at its last start (or EVERY_FILE)
+        self._held: weakref.WeakKeyDictionary[Any, _Held | str] = weakref.WeakKeyDictionary()
 
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
-        if isinstance(held, frozenset):
-            return _record_held(held) or self.NOTHING_TO_DO
+        if isinstance(held, _Held):
+            # Each held descriptor (a regular file open read-only and unlocked at the start), as it is
+            # now, with its offset: for the worker, which checks each again (one closed and reused since).
+            records = native.file_records(held.fds, False) if held.fds else b""
+            if not records:
+                return self.NOTHING_TO_DO
+            _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
+            return records, held.paths
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
             return self.NOTHING_TO_DO
-        # Both made in the parent for this fork's hooks, and inherited by the worker.
-        _descriptors.at_fork()
-        _reopen.offsets_at_fork()
+        _reopen.offsets_at_fork()  # made in the parent for this fork's hooks, and inherited by the worker
         return None
 
-    def after_in_child(self, ctx: ForkContext, plan: tuple[_descriptors.Descriptor, ...] | None) -> None:
-        privatize_inherited_files(plan)
+    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths] | None) -> None:
+        if plan is None:  # every read-only file, recorded by the parent for this fork
+            privatize_inherited_files()
+        else:  # the records of the loader's files, whose locks prepare_start read
+            records, paths = plan
+            privatize_inherited_files(records, locks_checked=True, paths=paths)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
         # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
@@ -113,35 +118,41 @@ class FilesBackend(Backend):
             # open there is nothing to find (the walk is skipped: a start with no file pays nothing).
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
-            elif not native.descriptor_kinds() & native.READ_ONLY_FILE:
-                self._held[loader] = frozenset()
+            elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
+                self._held[loader] = _Held((), ())
             else:
-                self._held[loader] = _held_files.held_descriptors(loader)
+                names: dict[int, bytes] = {}
+                held = _held_files.held_descriptors(loader, names)
+                if isinstance(held, str):
+                    self._held[loader] = held
+                else:
+                    fds = _unlocked_read_only_files(held)
+                    self._held[loader] = _Held(fds, tuple((fd, names[fd]) for fd in fds if fd in names))
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
             _reopen.register_reducer(io.TextIOWrapper, reduce_file)
 
 
-def _record_held(held: frozenset[int]) -> tuple[_descriptors.Descriptor, ...]:
-    """In the parent, right before a fork: each held descriptor that is a regular file open
-    read-only, as it is now, and its offset for the worker (``_reopen.offsets_at_fork``'s record)."""
-    import fcntl
+class _Held(NamedTuple):
+    """What a loader's objects held at its start: the descriptors (sorted) of regular files open
+    read-only and unlocked, and the paths the file objects among them were opened by (by fd)."""
 
-    table = []
-    offsets: _reopen.Offsets = {}
-    for fd in held:
-        try:
-            found = os.fstat(fd)
-            if not stat.S_ISREG(found.st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
-                continue  # closed and reused, or writable: not a file the worker reads through an offset
-            table.append((fd, found.st_mode, found.st_dev, found.st_ino))
-            offsets[fd] = (found.st_dev, found.st_ino, os.lseek(fd, 0, os.SEEK_CUR))
-        except OSError:  # closed meanwhile, or cannot seek (the worker reads its own offset)
-            continue
-    if table:
-        _reopen.offsets_at_fork(offsets)
-    return tuple(table)
+    fds: tuple[int, ...]
+    paths: _reopen.Paths
+
+
+def _unlocked_read_only_files(fds: frozenset[int]) -> tuple[int, ...]:
+    """Of ``fds``, sorted: the regular files open read-only whose description holds no exclusive
+    flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy would block on the
+    parent's lock). Once per start, in the parent: its workers then neither look at the others nor
+    read each description's locks (about 10 us a file in the kernel, each worker's: as much again
+    as its reopen). A lock taken or released in the parent while the start forks its workers is
+    seen at the next start."""
+    records = native.file_records(tuple(sorted(fds)), True)
+    found = tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
+    locked = set(native.exclusively_locked(found))
+    return tuple(fd for fd in found if fd not in locked) if locked else found
 
 
 BACKEND = FilesBackend()

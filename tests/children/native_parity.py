@@ -7,16 +7,28 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
   descriptor_table      both describe the same descriptors (a socket, a pipe, a file)
   regular_file_offsets  both give the same offsets, and skip what cannot seek
   descriptor_kinds      both see each kind appear as it is opened (a file written, a unix and a TCP
-                        socket, a file read): prints the bitmasks in order
+                        socket, a file read), also when asked for some kinds only: prints the bitmasks
+                        in order
+  file_records          both record the same regular files (only the read-only ones when asked), at
+                        their offsets
+  privatize_files       in a fork each, both give the same descriptors their own description at the
+                        recorded offset and skip the same ones (writable, locked, /proc, asked to skip);
+                        with no descriptor left, both report each as failed; by path where it still
+                        names the file, else (another file, a FIFO) as without; exclusively_locked: both
+                        find the locked one: prints "ok"
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
 
 import ctypes
+import fcntl
 import os
+import resource
 import socket
 import stat
+import struct
 import sys
+import tempfile
 import threading
 import time
 
@@ -106,6 +118,9 @@ def descriptor_kinds():
     def kinds():
         a, b = _native.descriptor_kinds(), _native_fallback.descriptor_kinds()
         assert a == b, (a, b)
+        for until in range(8):  # a listing that stops once it has seen each kind asked: the same answer
+            found = (_native.descriptor_kinds(until), _native_fallback.descriptor_kinds(until))
+            assert found[0] & until == found[1] & until == a & until, (until, found, a)
         return a
 
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -128,6 +143,181 @@ def descriptor_kinds():
     os.close(path)
     seen.append(kinds())
     print(" ".join(map(str, seen)))
+
+
+RECORD = struct.Struct("=qQQq")
+
+
+def _records(records):
+    return {fd: (dev, ino, offset) for fd, dev, ino, offset in RECORD.iter_unpack(records)}
+
+
+def file_records():
+    read = open(sys.executable, "rb")
+    read.seek(1000)
+    written = tempfile.TemporaryFile()
+    written.write(b"x" * 10)
+    r, w = os.pipe()
+    for fds in (None, (read.fileno(), written.fileno(), r, w, 10_000)):
+        for read_only in (False, True):
+            a, b = _native.file_records(fds, read_only), _native_fallback.file_records(fds, read_only)
+            assert a == b, (fds, read_only, _records(a), _records(b))
+            found = _records(a)
+            st = os.fstat(read.fileno())
+            assert found[read.fileno()] == (st.st_dev, st.st_ino, 1000), found
+            assert (written.fileno() in found) is not read_only and r not in found and w not in found, found
+    for impl in (_native, _native_fallback):
+        try:
+            impl.file_records([read.fileno()], True)
+        except TypeError as exc:
+            assert "fds must be a tuple or None" in str(exc), exc
+        else:
+            raise AssertionError(f"{impl.__name__} took a list")
+    print("ok")
+
+
+def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True, paths=()):
+    """What ``impl.privatize_files`` did in a forked child, as a printable tuple."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if limit is not None:  # no descriptor left: every reopen fails with EMFILE
+                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (max(files.values()) + 64, hard))
+                while True:
+                    try:
+                        os.open(os.devnull, os.O_RDONLY)
+                    except OSError:
+                        break
+            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks, paths)
+            # A private description: moving its offset leaves the parent's (and the siblings') alone.
+            offsets = {name: os.lseek(fd, 0, os.SEEK_CUR) for name, fd in files.items()}
+            for fd in files.values():
+                os.lseek(fd, 3, os.SEEK_CUR)
+            flags = {name: (fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_NONBLOCK),
+                            fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC) for name, fd in files.items()}
+            names = {fd: name for name, fd in files.items()}
+            read = {name: os.pread(fd, 2, 0) for name, fd in files.items() if name != "writable"}
+            report = (sorted(names[fd] for fd in privatized), sorted((names[fd], code) for fd, code in failed),
+                      offsets, flags, read)
+            os.write(w, repr(report).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    report = b""
+    while chunk := os.read(r, 65536):
+        report += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return report.decode()
+
+
+def privatize_files():
+    import errno
+
+    directory = tempfile.mkdtemp()
+
+    def path(name):
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(name.encode() * 200)
+        return os.path.join(directory, name)
+
+    files = {
+        "at_50": os.open(path("a"), os.O_RDONLY),
+        "moved_since": os.open(path("b"), os.O_RDONLY | os.O_NONBLOCK),  # recorded as another file: read now
+        "inheritable": os.open(path("c"), os.O_RDONLY),
+        "asked_to_skip": os.open(path("d"), os.O_RDONLY),
+        "writable": os.open(path("e"), os.O_RDWR),
+        "locked": os.open(path("f"), os.O_RDONLY),
+        "shared_lock": os.open(path("g"), os.O_RDONLY),
+        "virtual": os.open("/proc/self/status", os.O_RDONLY),
+        "replaced": os.open(path("h"), os.O_RDONLY),
+    }
+    os.rename(path("h"), os.path.join(directory, "h.old"))
+    path("h")  # another file at the path since
+    fifo = os.path.join(directory, "fifo")
+    os.mkfifo(fifo)
+    # Reopened by path: where it names the file (at_50, moved_since, locked); not where it names another
+    # file (inheritable, replaced) or a FIFO (shared_lock: opened non-blocking, so no hang): /proc/self/fd.
+    paths = tuple(sorted((files[name], os.fsencode(os.path.join(directory, at))) for name, at in (
+        ("at_50", "a"), ("moved_since", "b"), ("locked", "f"), ("inheritable", "d"), ("replaced", "h"),
+        ("shared_lock", fifo))))
+    os.set_inheritable(files["inheritable"], True)
+    os.lseek(files["at_50"], 50, os.SEEK_SET)
+    os.lseek(files["moved_since"], 20, os.SEEK_SET)
+    fcntl.flock(files["locked"], fcntl.LOCK_EX)
+    fcntl.flock(files["shared_lock"], fcntl.LOCK_SH)
+    records = _native.file_records(tuple(files.values()), False)
+    assert records == _native_fallback.file_records(tuple(files.values()), False)
+    found = _records(records)
+    found[files["moved_since"]] = (found[files["moved_since"]][0], 1, 7)  # another inode recorded: not its offset
+    os.lseek(files["at_50"], 60, os.SEEK_SET)  # the parent moved on since the record: the worker starts at 50
+    records = b"".join(RECORD.pack(fd, *found[fd]) for fd in sorted(found))
+    virtual = (os.stat("/proc").st_dev,)
+    skip = (files["asked_to_skip"],)
+    a = _privatize_in_a_fork(_native, records, skip, virtual, files)
+    for name in ("asked_to_skip", "writable", "locked", "virtual"):  # shared: moved by the worker
+        os.lseek(files[name], 0, os.SEEK_SET)
+    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files)
+    assert a == b, (a, b)
+    privatized, failed, offsets, flags, read = eval(a)
+    assert privatized == ["at_50", "inheritable", "moved_since", "replaced", "shared_lock"] and failed == [], a
+    assert read["replaced"] == b"hh" and read["inheritable"] == b"cc", a  # the inherited files, not the paths'
+    reset = {name: os.lseek(files[name], 0, os.SEEK_CUR) for name in ("asked_to_skip", "writable", "locked", "virtual")}
+    for name in reset:
+        os.lseek(files[name], 0, os.SEEK_SET)
+    by_path = _privatize_in_a_fork(_native, records, skip, virtual, files, paths=paths)
+    for name in reset:
+        os.lseek(files[name], 0, os.SEEK_SET)
+    assert by_path == _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, paths=paths)
+    assert by_path == a, (by_path, a)  # the same files, offsets, flags and bytes, whichever way reopened
+    for name, offset in reset.items():
+        os.lseek(files[name], offset, os.SEEK_SET)
+    assert offsets["at_50"] == 50 and offsets["moved_since"] == 20 and offsets["inheritable"] == 0, a
+    assert flags["moved_since"] == (os.O_RDONLY | os.O_NONBLOCK, 1), a
+    assert flags["inheritable"] == (os.O_RDONLY, 0) and flags["at_50"] == (os.O_RDONLY, 1), a
+    # The parent's offsets did not move with the private descriptions'; the shared ones did.
+    assert os.lseek(files["at_50"], 0, os.SEEK_CUR) == 60 and os.lseek(files["moved_since"], 0, os.SEEK_CUR) == 20
+    assert os.lseek(files["asked_to_skip"], 0, os.SEEK_CUR) == 3 and os.lseek(files["locked"], 0, os.SEEK_CUR) == 3
+    before = {fd: os.lseek(fd, 0, os.SEEK_CUR) for fd in files.values()}
+    a = _privatize_in_a_fork(_native, records, skip, virtual, files, limit=True)
+    for fd, offset in before.items():  # all shared: moved by the worker
+        os.lseek(fd, offset, os.SEEK_SET)
+    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, limit=True)
+    assert a == b, (a, b)
+    privatized, failed, offsets, flags, read = eval(a)
+    # The lock cannot be read either (no descriptor for /proc/self/fdinfo): tried as if unlocked.
+    assert privatized == [] and failed == [
+        (name, errno.EMFILE) for name in ("at_50", "inheritable", "locked", "moved_since", "replaced", "shared_lock")
+    ], a
+    assert offsets["at_50"] == 60, a  # still the parent's description
+    assert os.lseek(files["at_50"], 0, os.SEEK_CUR) == 63  # which the worker moved
+    # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
+    fds = tuple(files.values())
+    assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
+    for fd, offset in before.items():
+        os.lseek(fd, offset, os.SEEK_SET)
+    a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False, paths=paths)
+    for fd, offset in before.items():
+        os.lseek(fd, offset, os.SEEK_SET)
+    b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, check_locks=False, paths=paths)
+    assert a == b, (a, b)
+    assert eval(a)[0] == ["at_50", "inheritable", "locked", "moved_since", "replaced", "shared_lock"], a
+    for impl in (_native, _native_fallback):
+        try:
+            impl.exclusively_locked(list(fds))
+        except TypeError as exc:
+            assert "fds must be a tuple" in str(exc), exc
+        else:
+            raise AssertionError(f"{impl.__name__} took a list")
+        try:
+            impl.privatize_files(records[:-1], (), (), True, ())
+        except ValueError as exc:
+            assert "file_records' bytes" in str(exc), exc
+        else:
+            raise AssertionError(f"{impl.__name__} took a cut record")
+    print("ok")
 
 
 def fork_generation():
@@ -167,7 +357,7 @@ def libc_fork():
 
 CHECKS = {
     f.__name__: f
-    for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, descriptor_kinds, fork_generation,
-              libc_fork)
+    for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, descriptor_kinds, file_records,
+              privatize_files, fork_generation, libc_fork)
 }
 CHECKS[sys.argv[1]]()

@@ -1,0 +1,379 @@
+/*
+ * The "files" hook's work on descriptors (safeloader/backends/files.py, _reopen.py): what the parent
+ * records of the regular files a worker inherits (file_records), and the worker's own open file
+ * description of each one open read-only, installed under the same number (privatize_files).
+ *
+ * Why native: a Dataset may hold thousands of files (shards opened in __init__). In Python each
+ * one cost the parent about 4 us per fork (an fstat, fcntl and lseek, and their objects) and each
+ * worker about 40 us, half of it Python (a stat_result, a dataclass, the fdinfo text read into a
+ * 64 KiB bytes object and split, the os.open path string...), every object made writing pages the
+ * worker shares with its parent (a copy-on-write fault each): 4,000 files took about 160 ms of CPU
+ * per worker, 80 here. Here a worker makes no Python object per file, and the parent hands it one
+ * bytes object. What is left is the kernel's: reading each description's locks from
+ * /proc/self/fdinfo (about half) and the reopen through /proc/self/fd.
+ *
+ * A record is `sl_file_record`, packed in a bytes object (the Python side reads it with the
+ * struct format "=qQQq", _reopen.RECORD): the descriptor, its file's st_dev and st_ino, and its
+ * offset (-1: cannot seek).
+ */
+#include "native.h" /* first: Python.h */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    int64_t fd;
+    uint64_t dev, ino;
+    int64_t offset; /* -1: cannot seek (the worker reads its own) */
+} sl_file_record;
+
+/* File status flags a fresh description keeps (_reopen._KEPT_STATUS_FLAGS; the access mode is
+ * read-only). O_LARGEFILE is 0 on 64-bit builds, as in Python's os module. */
+#define KEPT_STATUS_FLAGS (O_NONBLOCK | O_DIRECT | O_NOATIME | O_LARGEFILE | O_SYNC | O_DSYNC)
+
+static int read_only(int flags) { return (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH); }
+
+/* The record of `fd` if it is a regular file (open read-only, with `only_read_only`): 1, else 0. */
+static int record_of(int fd, int only_read_only, sl_file_record *record) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;  /* closed, or not a regular file */
+    if (only_read_only) {
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || !read_only(flags)) return 0;
+    }
+    off_t offset = lseek(fd, 0, SEEK_CUR);
+    record->fd = fd;
+    record->dev = (uint64_t)st.st_dev;
+    record->ino = (uint64_t)st.st_ino;
+    record->offset = offset < 0 ? -1 : (int64_t)offset;
+    return 1;
+}
+
+/* A growing array of records. */
+typedef struct {
+    sl_file_record *items;
+    size_t count, size;
+} records_t;
+
+static int add_record(records_t *records, const sl_file_record *record) {
+    if (records->count == records->size) {
+        size_t size = records->size ? records->size * 2 : 64;
+        sl_file_record *items = realloc(records->items, size * sizeof *items);
+        if (items == NULL) { PyErr_NoMemory(); return -1; }
+        records->items = items;
+        records->size = size;
+    }
+    records->items[records->count++] = *record;
+    return 0;
+}
+
+struct every {
+    records_t *records;
+    int only_read_only;
+};
+
+static int record_listed(long fd, int own, void *data) {
+    struct every *every = data;
+    sl_file_record record;
+    if (fd == own || !record_of((int)fd, every->only_read_only, &record)) return 1;
+    return add_record(every->records, &record) < 0 ? -1 : 1;
+}
+
+/* file_records(fds, read_only) -> bytes: the record of each regular file among `fds` (a tuple of
+ * descriptor numbers; None: every open descriptor), only those open read-only with `read_only`.
+ * The parent's, right before a worker fork: the GIL is held throughout (os.lseek releases it per
+ * file, and another thread may then keep it for milliseconds). */
+PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *fds;
+    int only_read_only;
+    if (!PyArg_ParseTuple(args, "Op:file_records", &fds, &only_read_only)) return NULL;
+    if (fds != Py_None && !PyTuple_Check(fds))
+        return PyErr_Format(PyExc_TypeError, "fds must be a tuple or None, got %.80s", Py_TYPE(fds)->tp_name);
+    records_t records = {0};
+    if (fds == Py_None) {
+        struct every every = {&records, only_read_only};
+        if (sl_each_proc_entry("/proc/self/fd", record_listed, &every) < 0) { free(records.items); return NULL; }
+    } else {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+            long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
+            if (fd == -1 && PyErr_Occurred()) { free(records.items); return NULL; }
+            sl_file_record record;
+            if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, only_read_only, &record)) continue;
+            if (add_record(&records, &record) < 0) { free(records.items); return NULL; }
+        }
+    }
+    PyObject *result = PyBytes_FromStringAndSize((const char *)records.items,
+                                                 (Py_ssize_t)(records.count * sizeof(sl_file_record)));
+    free(records.items);
+    return result;
+}
+
+/* Whether `fd`'s open file description holds a write (exclusive) flock or OFD lock: such a
+ * description is a lock, not a data handle, and a worker re-locking a private copy would block on
+ * the parent's lock. Read from /proc/self/fdinfo/<fd> (`info`: that directory, or -1 and `name`
+ * the full path), never from
+ * /proc/locks: reading that takes the kernel's global file-lock semaphore for writing, which
+ * waits for an RCU grace period (milliseconds, tens of them on a busy machine) and stalls every
+ * lock call on the system. POSIX (fcntl) locks belong to the process, not to the description: a
+ * worker holds none of them, and is not skipped. Unreadable: 0, as if unlocked. */
+static int holds_exclusive_lock(int info, const char *name) {
+    int file = openat(info >= 0 ? info : AT_FDCWD, name, O_RDONLY | O_CLOEXEC);
+    if (file < 0) return 0;
+    char stack[4096];
+    char *text = stack;
+    size_t size = sizeof stack, length = 0;
+    for (;;) {  /* a short read is the end: one read unless the description holds many locks */
+        if (length == size) {
+            size_t bigger = size * 4;
+            char *grown = text == stack ? malloc(bigger) : realloc(text, bigger);
+            if (grown == NULL) break;  /* look at what was read */
+            if (text == stack) memcpy(grown, stack, length);
+            text = grown;
+            size = bigger;
+        }
+        ssize_t count = read(file, text + length, size - length);
+        if (count < 0 && errno == EINTR) continue;
+        if (count < 0) { length = 0; break; }  /* unreadable: as if unlocked */
+        length += (size_t)count;
+        if (count == 0 || length < size) break;
+    }
+    close(file);
+    /* Each line: "lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". */
+    int found = 0;
+    for (size_t start = 0; start < length && !found;) {
+        size_t end = start;
+        while (end < length && text[end] != '\n') end++;
+        const char *fields[5];
+        size_t sizes[5];
+        int count = 0, write = 0;
+        for (size_t at = start; at < end;) {
+            while (at < end && (text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
+                                text[at] == '\f'))
+                at++;
+            if (at == end) break;
+            size_t from = at;
+            while (at < end && !(text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
+                                 text[at] == '\f'))
+                at++;
+            if (count < 5) { fields[count] = text + from; sizes[count] = at - from; }
+            if (at - from == 5 && memcmp(text + from, "WRITE", 5) == 0) write = 1;
+            count++;
+        }
+        if (count > 4 && write && sizes[0] == 5 && memcmp(fields[0], "lock:", 5) == 0 &&
+            ((sizes[2] == 5 && memcmp(fields[2], "FLOCK", 5) == 0) ||
+             (sizes[2] == 6 && memcmp(fields[2], "OFDLCK", 6) == 0)))
+            found = 1;
+        start = end + 1;
+    }
+    if (text != stack) free(text);
+    return found;
+}
+
+/* exclusively_locked(fds) -> tuple: the descriptors of `fds` (a tuple) whose open file description
+ * holds an exclusive flock or OFD lock (holds_exclusive_lock), in the order given. The parent's,
+ * once per start (safeloader/backends/files.py): its workers then need not read them each. */
+PyObject *sl_exclusively_locked(PyObject *Py_UNUSED(self), PyObject *fds) {
+    if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
+    PyObject *found = PyList_New(0);
+    if (found == NULL) return NULL;
+    int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+        PyObject *item = PyTuple_GET_ITEM(fds, i);
+        long fd = PyLong_AsLong(item);
+        if (fd == -1 && PyErr_Occurred()) goto error;
+        if (fd < 0 || fd > INT32_MAX) continue;
+        char info[40];
+        snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
+        if (holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info) &&
+            PyList_Append(found, item) < 0)
+            goto error;
+    }
+    if (info_dir >= 0) close(info_dir);
+    PyObject *result = PyList_AsTuple(found);
+    Py_DECREF(found);
+    return result;
+error:
+    if (info_dir >= 0) close(info_dir);
+    Py_DECREF(found);
+    return NULL;
+}
+
+/* The path `paths` (a tuple of (fd, bytes) sorted by fd) gives for `fd`, or NULL (none, or not
+ * that shape: each item read, none made or written). */
+static const char *path_of(PyObject *paths, int fd) {
+    Py_ssize_t low = 0, high = PyTuple_GET_SIZE(paths);
+    while (low < high) {
+        Py_ssize_t middle = low + (high - low) / 2;
+        PyObject *pair = PyTuple_GET_ITEM(paths, middle);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)))
+            return NULL;
+        long value = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
+        if (value == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+        if (value == fd) {
+            PyObject *path = PyTuple_GET_ITEM(pair, 1);
+            return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
+                       ? PyBytes_AS_STRING(path) : NULL;
+        }
+        if (value < fd) low = middle + 1;
+        else high = middle;
+    }
+    return NULL;
+}
+
+/* A fresh read-only descriptor of the file `found` (fd's fstat) by the path `paths` gives for
+ * `fd`, with `flags`' status flags; -1 where there is none, it cannot be opened, or it names
+ * another file now (the caller then reopens through /proc/self/fd). Opening a path walks cached
+ * directory entries: about 5 us a file here, where /proc/self/fd/N costs a worker about 8 (its
+ * entries are the new process's, made on first use). Opened non-blocking and without a
+ * controlling terminal, so that a FIFO or device put at the path since does not hang the worker or
+ * take its terminal; a regular file's O_NONBLOCK is then set as the original's. */
+static int open_by_path(PyObject *paths, int fd, int flags, const struct stat *found) {
+    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd) : NULL;
+    if (path == NULL) return -1;
+    int fresh = open(path, O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fresh < 0) return -1;
+    struct stat st;
+    if (fstat(fresh, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == found->st_dev && st.st_ino == found->st_ino &&
+        ((flags & O_NONBLOCK) || fcntl(fresh, F_SETFL, flags & KEPT_STATUS_FLAGS & ~O_NONBLOCK) == 0))
+        return fresh;
+    close(fresh);
+    return -1;
+}
+
+static int compare_fds(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* The longs of a tuple of ints, in a new array (NULL with an error set; `*count` its length). */
+static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
+    if (!PyTuple_Check(tuple)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple, got %.80s", what, Py_TYPE(tuple)->tp_name);
+        return NULL;
+    }
+    *count = PyTuple_GET_SIZE(tuple);
+    long *values = malloc(((size_t)*count + 1) * sizeof *values);
+    if (values == NULL) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t i = 0; i < *count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        values[i] = PyLong_Check(item) ? (long)PyLong_AsUnsignedLongLongMask(item) : -1;
+        if (PyErr_Occurred()) { free(values); return NULL; }
+    }
+    return values;
+}
+
+/* privatize_files(records, skip, virtual_devices, check_locks, paths) -> (privatized, failed): in a worker,
+ * give each descriptor of `records` (file_records' bytes, made by the parent before the fork) that
+ * is still a regular file open read-only its own open file description of the same file, at the
+ * offset recorded (read now where the descriptor names another file since, or none was recorded),
+ * with the same status flags and close-on-exec flag, under the same number: every object holding
+ * the number keeps working, and the parent's descriptors are untouched. Reopened by its path in
+ * `paths` where that still names the same file (open_by_path), else through /proc/self/fd/N, which
+ * reaches the file even if moved or deleted. Skipped: the descriptors
+ * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
+ * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
+ * exclusively_locked), descriptions holding an exclusive lock. `privatized`: a tuple of the
+ * descriptors given their own description; `failed`: a tuple of (descriptor, errno) of those
+ * that could not be (left shared as they were). */
+PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer buffer;
+    PyObject *skip_tuple, *virtual_tuple, *paths;
+    int check_locks;
+    if (!PyArg_ParseTuple(args, "y*OOpO!:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks,
+                          &PyTuple_Type, &paths))
+        return NULL;
+    PyObject *result = NULL, *privatized = NULL, *failed = NULL;
+    long *skip = NULL, *virtual_devices = NULL;
+    int *done = NULL, *failures = NULL;
+    int fd_dir = -1, info_dir = -1;
+    Py_ssize_t skips = 0, virtuals = 0, done_count = 0, failed_count = 0;
+    if (buffer.len % (Py_ssize_t)sizeof(sl_file_record) != 0) {
+        PyErr_SetString(PyExc_ValueError, "records must be file_records' bytes");
+        goto out;
+    }
+    const sl_file_record *records = buffer.buf;
+    size_t count = (size_t)buffer.len / sizeof(sl_file_record);
+    if ((skip = longs_of(skip_tuple, "skip", &skips)) == NULL) goto out;
+    if ((virtual_devices = longs_of(virtual_tuple, "virtual_devices", &virtuals)) == NULL) goto out;
+    qsort(skip, (size_t)skips, sizeof *skip, compare_fds);
+    done = malloc((count + 1) * sizeof *done);
+    failures = malloc((count + 1) * 2 * sizeof *failures);
+    if (done == NULL || failures == NULL) { PyErr_NoMemory(); goto out; }
+    if (count) {  /* entries opened relative to their directory: a shorter lookup. Without a descriptor
+                   * to spare (EMFILE), by their full path: each reopen then fails on its own, reported. */
+        fd_dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (check_locks) info_dir = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    }
+    for (size_t i = 0; i < count; i++) {
+        const sl_file_record *record = &records[i];
+        if (record->fd < 0 || record->fd > INT32_MAX) continue;
+        int fd = (int)record->fd;
+        long key = fd;
+        if (skips && bsearch(&key, skip, (size_t)skips, sizeof *skip, compare_fds) != NULL) continue;
+        struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;  /* closed, or another kind of file since */
+        int is_virtual = 0;
+        for (Py_ssize_t v = 0; v < virtuals; v++) is_virtual |= (unsigned long)virtual_devices[v] == (unsigned long)st.st_dev;
+        if (is_virtual) continue;
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || !read_only(flags)) continue;
+        char entry[40], info[40];
+        snprintf(entry, sizeof entry, "/proc/self/fd/%d", fd);
+        snprintf(info, sizeof info, "/proc/self/fdinfo/%d", fd);
+        const char *name = strrchr(entry, '/') + 1;
+        if (check_locks && holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
+        /* The parent's offset at the fork, where the descriptor still names that file: the parent runs
+         * on while the worker starts, and may have moved the shared offset since. */
+        off_t offset = record->offset;
+        if (record->dev != (uint64_t)st.st_dev || record->ino != (uint64_t)st.st_ino || offset < 0)
+            offset = lseek(fd, 0, SEEK_CUR);
+        int error = 0, fresh = -1;
+        if (offset < 0) error = errno;
+        else if ((fresh = open_by_path(paths, fd, flags, &st)) < 0 &&
+                 (fresh = openat(fd_dir >= 0 ? fd_dir : AT_FDCWD, fd_dir >= 0 ? name : entry,
+                                 O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC)) < 0)
+            error = errno;
+        else if (offset > 0 && lseek(fresh, offset, SEEK_SET) < 0) error = errno;
+        else {
+            int fd_flags = fcntl(fd, F_GETFD);
+            if (fd_flags < 0 || ((fd_flags & FD_CLOEXEC) ? dup3(fresh, fd, O_CLOEXEC) : dup2(fresh, fd)) < 0) error = errno;
+        }
+        if (fresh >= 0) close(fresh);
+        if (error) {
+            failures[2 * failed_count] = fd;
+            failures[2 * failed_count + 1] = error;
+            failed_count++;
+        } else {
+            done[done_count++] = fd;
+        }
+    }
+    if ((privatized = PyTuple_New(done_count)) == NULL || (failed = PyTuple_New(failed_count)) == NULL) goto out;
+    for (Py_ssize_t i = 0; i < done_count; i++) {
+        PyObject *value = PyLong_FromLong(done[i]);
+        if (value == NULL) goto out;
+        PyTuple_SET_ITEM(privatized, i, value);
+    }
+    for (Py_ssize_t i = 0; i < failed_count; i++) {
+        PyObject *pair = Py_BuildValue("(ii)", failures[2 * i], failures[2 * i + 1]);
+        if (pair == NULL) goto out;
+        PyTuple_SET_ITEM(failed, i, pair);
+    }
+    result = PyTuple_Pack(2, privatized, failed);
+out:
+    if (fd_dir >= 0) close(fd_dir);
+    if (info_dir >= 0) close(info_dir);
+    Py_XDECREF(privatized);
+    Py_XDECREF(failed);
+    free(skip);
+    free(virtual_devices);
+    free(done);
+    free(failures);
+    PyBuffer_Release(&buffer);
+    return result;
+}
