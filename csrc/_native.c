@@ -20,7 +20,8 @@
  *   in C, e.g. by faulthandler, is invisible to signal.getsignal); free_signals() finds such
  *   signals in one call; install_backtrace_handler() / release_backtrace_handler() /
  *   warm_backtrace() / signal_thread(): signal-safe native backtraces of a stuck worker's
- *   threads, for the stall watchdog (backtrace.c), on a signal nobody else holds.
+ *   threads, for the stall watchdog (backtrace.c), on a signal nobody else holds;
+ *   keep_errno(): faulthandler's handler wrapped so that it restores errno.
  * - loaded_objects.c: loaded_objects(), the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -53,7 +54,7 @@
  *   picks, whoever holds the GIL. Every variable a signal handler or another
  *   thread can touch concurrently is a lock-free C11 atomic (the only shared
  *   objects a signal handler may access, C11 7.14.1.1), asserted where each is
- *   defined: fork_generation.c's fork_generation_value and backtrace.c's output_fd.
+ *   defined: fork_generation.c's fork_generation_value, backtrace.c's output_fd and kept handlers.
  * - No lock is taken around fork(): only a pthread_atfork child handler is
  *   registered, so a fork never waits for this module, nor this module for a
  *   fork of another thread.
@@ -145,6 +146,10 @@ static PyMethodDef methods[] = {
     {"signal_thread", sl_signal_thread_py, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
+    {"keep_errno", sl_keep_errno_py, METH_VARARGS,
+     "keep_errno($module, signum, /)\n--\n\n"
+     "keep_errno(signum) -> bool: wrap the handler installed on `signum` (faulthandler's) in one "
+     "that restores errno; False where no handler is installed there."},
     {"fast_fork_arm", sl_fast_fork_arm, METH_VARARGS,
      "fast_fork_arm($module, thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target, "
      "positions, num_workers, launches, clock, gc_state, /)\n--\n\n"

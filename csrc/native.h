@@ -39,6 +39,7 @@ PyObject *sl_install_backtrace_handler_py(PyObject *self, PyObject *args);
 PyObject *sl_release_backtrace_handler_py(PyObject *self, PyObject *args);
 PyObject *sl_warm_backtrace_py(PyObject *self, PyObject *args);
 PyObject *sl_signal_thread_py(PyObject *self, PyObject *args);
+PyObject *sl_keep_errno_py(PyObject *self, PyObject *args);
 
 /* loaded_objects.c: the dynamic loader's list of loaded objects. */
 int sl_loaded_counters(unsigned long long *adds, unsigned long long *subs); /* 1, or 0: none */

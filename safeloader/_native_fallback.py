@@ -243,6 +243,12 @@ def release_backtrace_handler(signum: int) -> bool:
     return False
 
 
+def keep_errno(signum: int) -> bool:
+    """Nothing can be wrapped without the extension: returns False (faulthandler's handler stays
+    as it is, and the watchdog samples no running worker with it)."""
+    return False
+
+
 def free_signals(count: int) -> list[int]:
     """Up to ``count`` real-time signals nobody holds, from ``SIGRTMAX`` down: ``SIG_DFL`` for
     Python's signal module and for the kernel (its masks see handlers installed in C too)."""

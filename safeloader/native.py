@@ -41,6 +41,7 @@ __all__ = [
     "fork_generation",
     "free_signals",
     "install_backtrace_handler",
+    "keep_errno",
     "loaded_counters",
     "loaded_objects",
     "read_proc",
@@ -248,6 +249,16 @@ def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int],
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread ``tid`` of process ``pid`` (tgkill)."""
     _impl.signal_thread(pid, tid, signum)
+
+
+def keep_errno(signum: int) -> bool:
+    """Wrap the handler installed on ``signum`` in C (faulthandler's) in one that restores errno.
+
+    faulthandler's handler for a user signal leaves errno as its own writes set it (0), where the
+    interrupted code may be between a call that set errno and the check of it: a library then
+    takes its failed call for a success, or fails an assertion on errno (libzmq aborts). False
+    where no handler is installed on ``signum``, and without the extension (nothing wrapped)."""
+    return bool(_impl.keep_errno(signum))
 
 
 @dataclass(frozen=True)

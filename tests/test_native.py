@@ -205,6 +205,7 @@ NATIVE_FUNCTIONS = (
     "release_backtrace_handler",
     "warm_backtrace",
     "signal_thread",
+    "keep_errno",
     "fast_fork_arm",
     "fast_fork_disarm",
     "fast_fork_before",

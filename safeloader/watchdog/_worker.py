@@ -71,6 +71,10 @@ def enter_worker(watch: Heartbeats, worker_id: int) -> None:
             # one (the forked worker's only thread, or a spawned worker's loop), asked of C alone.
             os.write(python_fd, b"main-thread %#x\n" % _thread.get_ident())
             faulthandler.register(python_signal, file=python_fd, all_threads=True, chain=False)
+            # Its handler leaves errno as its writes set it (CPython restores errno only with
+            # chain=True): wrapped in one that restores it, where the signal lands between a
+            # library's failed call and its check of errno (csrc/backtrace.c).
+            native.keep_errno(python_signal)
             python_handler = native.signal_handler_address(python_signal)
             watch.slots[base + PYTHON_FD] = float(python_fd)
             watch.slots[base + PYTHON_SIGNAL] = float(python_signal)
