@@ -45,6 +45,7 @@ setup(
                 "csrc/descriptors.c",
                 "csrc/signals.c",
                 "csrc/backtrace.c",
+                "csrc/python_frames.c",
                 "csrc/loaded_objects.c",
                 "csrc/code_map.c",
                 "csrc/exit_lock.c",

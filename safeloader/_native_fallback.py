@@ -243,6 +243,21 @@ def release_backtrace_handler(signum: int) -> bool:
     return False
 
 
+def thread_state() -> int:
+    """No thread state is published without the extension: 0."""
+    return 0
+
+
+def probe_python_frames() -> bool:
+    """No frame is read from outside without the extension: False."""
+    return False
+
+
+def python_frames(pid: int, thread_state: int) -> list[tuple[str, str]] | None:
+    """No frame is read from outside without the extension: None."""
+    return None
+
+
 def keep_errno(signum: int) -> bool:
     """Nothing can be wrapped without the extension: returns False (faulthandler's handler stays
     as it is, and the watchdog samples no running worker with it)."""
