@@ -31,6 +31,7 @@ from ._heartbeat import (
     NATIVE_SIGNAL,
     PYTHON_READY,
     PYTHON_SIGNAL,
+    PYTHON_STATE,
     SEND_ERRNO,
     STARTING,
     STATE,
@@ -181,15 +182,16 @@ class Watch(Heartbeats):
         return found
 
     def _sampler(self, worker_id: int, pid: int) -> Any:
-        """Samples of worker ``worker_id``'s main stacks (None without both its dumpers)."""
-        if self.ready_flags(worker_id) & (NATIVE_READY | PYTHON_READY) != NATIVE_READY | PYTHON_READY:
+        """Samples of worker ``worker_id``'s main thread (None without its native dumper, or where its
+        Python frames cannot be read from outside)."""
+        base = worker_id * FIELDS
+        thread_state = int(self.slots[base + PYTHON_STATE])
+        if not self.ready_flags(worker_id) & NATIVE_READY or not thread_state:
             return None
         from ..diagnostics import spin_samples
 
-        base = worker_id * FIELDS
         return spin_samples.sampler(
-            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]),
-            self.python_stack_path(worker_id, pid), int(self.slots[base + PYTHON_SIGNAL]),
+            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]), thread_state
         )
 
     def waits_in(self, worker_id: int) -> str | None:

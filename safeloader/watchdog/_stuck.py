@@ -108,8 +108,9 @@ class StuckWorkers:
     def spinning(self, worker_id: int, pid: int, lacking: frozenset[str], now: float, sample: Any) -> bool:
         """Whether worker ``worker_id`` (``pid``) has run for ``ORPHAN_CONFIRM`` without finishing an item
         (more CPU than ``ORPHAN_IDLE_TICKS``: on a loaded machine a spinning worker gets a small share),
-        its main thread found at each of a few native samples (``sample()``: its innermost frames, or None)
-        in the same library's code calling back into the interpreter, a library of a distribution whose
+        its main thread found at most of a few native samples (``sample()``: its frames, taken only while
+        it runs out of any system call, its Python frames read from outside; or None) in the same
+        library's code calling back into the interpreter, a library of a distribution whose
         native threads run in the parent: a retry loop on a handle inherited without its threads (pyzmq's
         context after a fork answers every call with EINTR, which pyzmq retries for ever). A slow item
         computing in native code (numpy, torch) does not call back into the interpreter from there; one

@@ -32,6 +32,7 @@ from ._heartbeat import (
     PYTHON_FD,
     PYTHON_READY,
     PYTHON_SIGNAL,
+    PYTHON_STATE,
     READY,
     SEND_ERRNO,
     STATE,
@@ -91,6 +92,8 @@ def enter_worker(watch: Heartbeats, worker_id: int) -> None:
         # a stall is still reported, without stacks. The worker's own data
         # path needs the descriptors more than diagnostics do.
         pass
+    # Where the parent reads this thread's Python frames from outside (a spin's samples).
+    watch.slots[base + PYTHON_STATE] = float(native.thread_state())
     beat = _progress.start_beat(watch, base, python_fd, native_fd)
     native_handler = native.signal_handler_address(native_signal) if native_signal else 0
     beat.signals = (python_signal, python_handler, native_signal, native_handler)
