@@ -44,6 +44,13 @@ class StuckWorkers:
         self.trusted: frozenset[str] = frozenset()  # libraries live in the parent that the table calls safe
         self._trusted_at = -1.0
 
+    def next_due(self) -> float:
+        """When the first window ``idle`` or ``spinning`` keeps open ends (inf: none is open)."""
+        ends = [seen[2] + ORPHAN_CONFIRM for seen in self.waits.values()]
+        windows = self.spin_windows
+        ends += [start + windows.get(worker_id, ORPHAN_CONFIRM) for worker_id, (_, start) in self.runs.items()]
+        return min(ends, default=float("inf"))
+
     def forget(self, worker_id: int) -> None:
         self.waits.pop(worker_id, None)
         self.runs.pop(worker_id, None)
