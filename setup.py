@@ -46,6 +46,7 @@ setup(
                 "csrc/private_files.c",
                 "csrc/signals.c",
                 "csrc/backtrace.c",
+                "csrc/python_frames.c",
                 "csrc/loaded_objects.c",
                 "csrc/code_map.c",
                 "csrc/exit_lock.c",

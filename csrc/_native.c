@@ -23,7 +23,12 @@
  *   in C, e.g. by faulthandler, is invisible to signal.getsignal); free_signals() finds such
  *   signals in one call; install_backtrace_handler() / release_backtrace_handler() /
  *   warm_backtrace() / signal_thread(): signal-safe native backtraces of a stuck worker's
- *   threads, for the stall watchdog (backtrace.c), on a signal nobody else holds.
+ *   threads, for the stall watchdog (backtrace.c), on a signal nobody else holds;
+ *   keep_errno(): faulthandler's handler wrapped so that it restores errno.
+ * - python_frames.c: python_frames(), the file and function of each Python frame of a thread of
+ *   another process (a forked worker), read from outside without a signal; thread_state(), the
+ *   calling thread's PyThreadState, which a worker publishes for it; probe_python_frames(), the
+ *   interpreter frame's layout found once from two known frames.
  * - loaded_objects.c: loaded_objects(), the dynamic loader's list of loaded objects, walked in C
  *   (no Python callback while the loader's lock is held), with the GIL released
  *   or held as safeloader/_loader_lock.py decides.
@@ -56,7 +61,7 @@
  *   picks, whoever holds the GIL. Every variable a signal handler or another
  *   thread can touch concurrently is a lock-free C11 atomic (the only shared
  *   objects a signal handler may access, C11 7.14.1.1), asserted where each is
- *   defined: fork_generation.c's fork_generation_value and backtrace.c's output_fd.
+ *   defined: fork_generation.c's fork_generation_value, backtrace.c's output_fd and kept handlers.
  * - No lock is taken around fork(): only a pthread_atfork child handler is
  *   registered, so a fork never waits for this module, nor this module for a
  *   fork of another thread.
@@ -165,6 +170,23 @@ static PyMethodDef methods[] = {
     {"signal_thread", sl_signal_thread_py, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},
+    {"keep_errno", sl_keep_errno_py, METH_VARARGS,
+     "keep_errno($module, signum, /)\n--\n\n"
+     "keep_errno(signum) -> bool: wrap the handler installed on `signum` (faulthandler's) in one "
+     "that restores errno; False where no handler is installed there."},
+    {"probe_python_frames", sl_probe_python_frames, METH_NOARGS,
+     "probe_python_frames($module, /)\n--\n\n"
+     "Find, once per process, where an interpreter frame holds its code object and its caller's "
+     "frame, from the calling Python function's frame and its caller's (two Python functions, "
+     "the first called by the second): whether python_frames can read frames."},
+    {"python_frames", sl_python_frames, METH_VARARGS,
+     "python_frames($module, pid, thread_state, /)\n--\n\n"
+     "[(file, function), ...] of the Python frames of the thread whose PyThreadState lies at "
+     "`thread_state` in process `pid` (a fork of this one), innermost first, read from outside "
+     "with process_vm_readv; None where they cannot be read."},
+    {"thread_state", sl_thread_state, METH_NOARGS,
+     "thread_state($module, /)\n--\n\n"
+     "The address of the calling thread's PyThreadState."},
     {"fast_fork_arm", sl_fast_fork_arm, METH_VARARGS,
      "fast_fork_arm($module, thread_ids, counters, modules_state, globals, empty, kinds_mask, launch_code, target, "
      "positions, num_workers, launches, clock, gc_state, /)\n--\n\n"

@@ -18,9 +18,17 @@
  *   thread's end marker with a deadline and then moves on.
  * - formatting is done by hand into a stack buffer (no printf), written with
  *   write(2), which is async-signal-safe.
- * - the only shared variable, output_fd, is a lock-free atomic, so any thread
- *   may install while another thread's handler runs (see _native.c on
- *   free-threaded Python).
+ * - the only shared variables, output_fd and the kept handlers' table, are
+ *   lock-free atomics, so any thread may install while another thread's handler
+ *   runs (see _native.c on free-threaded Python).
+ * - errno is saved on entry and restored on return: the interrupted code may be
+ *   between a call that set errno and the check of it (libzmq sets EINTR, then
+ *   loops while errno == EINTR). faulthandler's handler for a user signal does
+ *   not restore it (CPython restores errno only with chain=True), and its writes
+ *   leave errno = 0: a library then takes its failed call for a success (pyzmq's
+ *   recv returns an empty message) or fails an assertion (libzmq's
+ *   "errno == EAGAIN", an abort). sl_keep_errno wraps such a handler in one that
+ *   restores errno.
  * Addresses are handled as uintptr_t (the integer type that holds a pointer),
  * never as long.
  */
@@ -63,6 +71,31 @@
 
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "output_fd must be a lock-free atomic to be read by a signal handler");
 static atomic_int output_fd = -1;
+
+/* The handlers sl_keep_errno wrapped, by signal number (0: none), and whether each takes
+ * siginfo (SA_SIGINFO): read by on_kept_signal in any thread. */
+_Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "kept handlers must be lock-free atomics to be read by a signal handler");
+#define SIGNALS_MAX 65 /* Linux's _NSIG: signals 1-64 */
+static _Atomic(uintptr_t) kept_handler[SIGNALS_MAX];
+static atomic_int kept_siginfo[SIGNALS_MAX];
+
+typedef void (*plain_handler_t)(int);
+typedef void (*info_handler_t)(int, siginfo_t *, void *);
+
+/* The wrapper sl_keep_errno installs: the wrapped handler, errno as it found it. */
+static void on_kept_signal(int signum, siginfo_t *info, void *context) {
+    int saved_errno = errno;
+    uintptr_t handler = signum > 0 && signum < SIGNALS_MAX
+        ? atomic_load_explicit(&kept_handler[signum], memory_order_acquire) : 0;
+    if (handler != 0) {
+        if (atomic_load_explicit(&kept_siginfo[signum], memory_order_relaxed)) {
+            ((info_handler_t)handler)(signum, info, context);
+        } else {
+            ((plain_handler_t)handler)(signum);
+        }
+    }
+    errno = saved_errno;
+}
 
 typedef struct {
     char data[LINE_MAX_LEN];
@@ -211,6 +244,24 @@ int sl_release_backtrace_handler(int signum) {
     action.sa_handler = SIG_DFL;
     sigemptyset(&action.sa_mask);
     /* Only ever installed on a signal that was at SIG_DFL (see _stacks.free_signals). */
+    if (sigaction(signum, &action, NULL) != 0) return -1;
+    return 1;
+}
+
+int sl_keep_errno(int signum) {
+    if (signum <= 0 || signum >= SIGNALS_MAX) { errno = EINVAL; return -1; }
+    struct sigaction current;
+    if (sigaction(signum, NULL, &current) != 0) return -1;
+    int siginfo = (current.sa_flags & SA_SIGINFO) != 0;
+    if (siginfo && current.sa_sigaction == on_kept_signal) return 1; /* wrapped already */
+    uintptr_t handler = siginfo ? (uintptr_t)current.sa_sigaction : (uintptr_t)current.sa_handler;
+    if (!siginfo && (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN)) return 0;
+    if (handler == 0) return 0;
+    atomic_store_explicit(&kept_siginfo[signum], siginfo, memory_order_relaxed);
+    atomic_store_explicit(&kept_handler[signum], handler, memory_order_release);
+    struct sigaction action = current; /* its mask and flags (SA_RESTART, SA_ONSTACK) kept */
+    action.sa_sigaction = on_kept_signal;
+    action.sa_flags = current.sa_flags | SA_SIGINFO;
     if (sigaction(signum, &action, NULL) != 0) return -1;
     return 1;
 }

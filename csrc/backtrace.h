@@ -14,6 +14,10 @@ int sl_release_backtrace_handler(int signum);
  * signal handler). Once per process, and forked children inherit it done. */
 void sl_warm_backtrace(void);
 
+/* Wrap the handler installed on `signum` (faulthandler's, say) in one that restores errno.
+ * 1 if wrapped (now or before), 0 if no handler is there (SIG_DFL, SIG_IGN), -1 with errno. */
+int sl_keep_errno(int signum);
+
 /* tgkill(pid, tid, signum): signal one thread of a process. 0, or -1 with errno. */
 int sl_signal_thread(int pid, int tid, int signum);
 

@@ -46,6 +46,12 @@ PyObject *sl_install_backtrace_handler_py(PyObject *self, PyObject *args);
 PyObject *sl_release_backtrace_handler_py(PyObject *self, PyObject *args);
 PyObject *sl_warm_backtrace_py(PyObject *self, PyObject *args);
 PyObject *sl_signal_thread_py(PyObject *self, PyObject *args);
+PyObject *sl_keep_errno_py(PyObject *self, PyObject *args);
+
+/* python_frames.c: the Python frames of another process's thread, read from outside. */
+PyObject *sl_probe_python_frames(PyObject *self, PyObject *unused);
+PyObject *sl_python_frames(PyObject *self, PyObject *args);
+PyObject *sl_thread_state(PyObject *self, PyObject *unused);
 
 /* loaded_objects.c: the dynamic loader's list of loaded objects. */
 int sl_loaded_counters(unsigned long long *adds, unsigned long long *subs); /* 1, or 0: none */

@@ -2,7 +2,8 @@
  * The stall watchdog's signals: which real-time signals are free (free_signals), whose handler
  * holds one (signal_handler_address), and the Python face of backtrace.c, which makes the
  * threads of a stuck worker write their native stacks: its handler installed and released,
- * its unwinder loaded ahead (warm_backtrace), and the signal sent to one thread (signal_thread).
+ * its unwinder loaded ahead (warm_backtrace), and the signal sent to one thread (signal_thread);
+ * keep_errno wraps another handler (faulthandler's) so that it leaves errno as it found it.
  *
  * Why native: sigaction sees what signal.getsignal cannot, a handler installed in C
  * (faulthandler.register, a native library, a profiler); the backtrace handler must be C to be
@@ -89,4 +90,12 @@ PyObject *sl_signal_thread_py(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "iii:signal_thread", &pid, &tid, &signum)) return NULL;
     if (sl_signal_thread(pid, tid, signum) != 0) return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
+}
+
+PyObject *sl_keep_errno_py(PyObject *Py_UNUSED(self), PyObject *args) {
+    int signum;
+    if (!PyArg_ParseTuple(args, "i:keep_errno", &signum)) return NULL;
+    int kept = sl_keep_errno(signum);
+    if (kept < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(kept);
 }

@@ -378,6 +378,27 @@ def release_backtrace_handler(signum: int) -> bool:
     return False
 
 
+def thread_state() -> int:
+    """No thread state is published without the extension: 0."""
+    return 0
+
+
+def probe_python_frames() -> bool:
+    """No frame is read from outside without the extension: False."""
+    return False
+
+
+def python_frames(pid: int, thread_state: int) -> list[tuple[str, str]] | None:
+    """No frame is read from outside without the extension: None."""
+    return None
+
+
+def keep_errno(signum: int) -> bool:
+    """Nothing can be wrapped without the extension: returns False (faulthandler's handler stays
+    as it is, and the watchdog samples no running worker with it)."""
+    return False
+
+
 def free_signals(count: int) -> list[int]:
     """Up to ``count`` real-time signals nobody holds, from ``SIGRTMAX`` down: ``SIG_DFL`` for
     Python's signal module and for the kernel (its masks see handlers installed in C too)."""

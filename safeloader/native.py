@@ -40,9 +40,11 @@ __all__ = [
     "fork_generation",
     "free_signals",
     "install_backtrace_handler",
+    "keep_errno",
     "loaded_counters",
     "loaded_objects",
     "privatize_files",
+    "python_frames",
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -51,6 +53,7 @@ __all__ = [
     "signal_thread",
     "thread_census",
     "thread_ids",
+    "thread_state",
     "threads_within",
     "warm_backtrace",
 ]
@@ -224,6 +227,48 @@ def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int],
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread ``tid`` of process ``pid`` (tgkill)."""
     _impl.signal_thread(pid, tid, signum)
+
+
+def thread_state() -> int:
+    """The address of the calling thread's ``PyThreadState`` (0 without the extension): a forked
+    worker publishes its main thread's, where the parent reads its Python frames (``python_frames``)."""
+    return int(_impl.thread_state())
+
+
+def python_frames(pid: int, thread_state: int) -> list[tuple[str, str]] | None:
+    """``[(file, function), ...]`` of the Python frames of the thread whose ``PyThreadState`` lies
+    at ``thread_state`` in process ``pid``, a fork of this one, innermost first: read from outside
+    (``process_vm_readv``), without a signal, while it runs. None where they cannot be read (the
+    process ended, the kernel refuses, the frames' layout was not found, no extension).
+
+    A running thread's frames change between two reads: the answer is a sample, each frame checked
+    to be a code object's. Python 3.12's C-stack entry frames (``<shim>``) are left out.
+    """
+    if not _frames_probed():
+        return None
+    frames: list[tuple[str, str]] | None = _impl.python_frames(pid, thread_state)
+    return None if frames is None else [frame for frame in frames if frame[0] != "<shim>"]
+
+
+def _frames_probed() -> bool:
+    """Whether the interpreter frames' layout is known: found once, from ``_frames_probed_by``'s frame
+    and its caller's (this function's), a plain Python call apart, whose code objects are known (the
+    extension finds which words of a frame hold its code object and the link to its caller)."""
+    return _frames_probed_by()
+
+
+def _frames_probed_by() -> bool:
+    return bool(_impl.probe_python_frames())
+
+
+def keep_errno(signum: int) -> bool:
+    """Wrap the handler installed on ``signum`` in C (faulthandler's) in one that restores errno.
+
+    faulthandler's handler for a user signal leaves errno as its own writes set it (0), where the
+    interrupted code may be between a call that set errno and the check of it: a library then
+    takes its failed call for a success, or fails an assertion on errno (libzmq aborts). False
+    where no handler is installed on ``signum``, and without the extension (nothing wrapped)."""
+    return bool(_impl.keep_errno(signum))
 
 
 @dataclass(frozen=True)

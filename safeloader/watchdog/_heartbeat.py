@@ -26,6 +26,7 @@ __all__ = [
     "PYTHON_FD",
     "PYTHON_READY",
     "PYTHON_SIGNAL",
+    "PYTHON_STATE",
     "READY",
     "SEND_ERRNO",
     "SLOW_START_ALLOWANCE",
@@ -40,8 +41,9 @@ SLOW_START_ALLOWANCE = 60.0
 """Extra seconds for a spawn/forkserver worker to start (it re-imports torch and the program)."""
 # One slot of FIELDS doubles per worker; a double store is atomic on the
 # platforms torch supports, and the parent re-reads before acting.
-FIELDS = 10
-STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD, SEND_ERRNO, PYTHON_SIGNAL, NATIVE_SIGNAL = range(FIELDS)
+FIELDS = 11
+(STATE, ITEMS, LAST, READY, BATCH, PYTHON_FD, NATIVE_FD, SEND_ERRNO, PYTHON_SIGNAL, NATIVE_SIGNAL,
+ PYTHON_STATE) = range(FIELDS)
 STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # SEND_ERRNO: the errno (or -1) with which the worker's result queue failed to send a
 # batch. multiprocessing's feeder thread only prints that and drops the batch, so
@@ -50,6 +52,8 @@ STARTING, IDLE, BUSY, COLLATING = 0.0, 1.0, 2.0, 3.0
 # collate_fn): the call gets stall_timeout per item, as single items do.
 PYTHON_READY, NATIVE_READY = 1, 2
 # PYTHON_SIGNAL, NATIVE_SIGNAL: the signals the worker chose for its stack dumpers (0: none).
+# PYTHON_STATE: the address of the worker's main thread's PyThreadState (0: unknown), where the
+# parent reads its Python frames from outside (native.python_frames); an address fits a double.
 
 
 class Heartbeats:

@@ -31,6 +31,7 @@ from ._heartbeat import (
     NATIVE_SIGNAL,
     PYTHON_READY,
     PYTHON_SIGNAL,
+    PYTHON_STATE,
     SEND_ERRNO,
     STARTING,
     STATE,
@@ -71,6 +72,11 @@ class Watch(Heartbeats):
         self.lacking_pools: frozenset[str] = frozenset()
         self.find_lacking_pools: Any = None  # () -> hazards now, for a second look (forked workers only)
         self.stuck = StuckWorkers()  # parent only: what orphaned saw of each busy worker
+        # Parent only: when the next check has something new to look at (a busy worker reaching
+        # ORPHAN_WAIT, a window of StuckWorkers ending): the wait between two checks ends then, where
+        # that comes before poll_interval. A spin is then named ORPHAN_WAIT + ORPHAN_CONFIRM after its
+        # item began, not up to two poll intervals later.
+        self.due = float("inf")
 
     # -- in the worker (``_worker``) -------------------------------------------
 
@@ -140,16 +146,21 @@ class Watch(Heartbeats):
 
     def quiet(self) -> bool:
         """Whether no busy worker has gone without progress long enough for ``stalled`` or
-        ``orphaned`` to look at it (read from the heartbeats only: no system call)."""
+        ``orphaned`` to look at it (read from the heartbeats only: no system call). When quiet,
+        ``due`` is when the first busy worker will have."""
         now = time.monotonic()
+        due = float("inf")
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             state = self.slots[base + STATE]
             if state == IDLE:
                 continue
-            waited = now - max(self.slots[base + LAST], self.resumed[worker_id])
-            if waited >= min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH])):
+            since = max(self.slots[base + LAST], self.resumed[worker_id])
+            look = since + min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH]))
+            if now >= look:
                 return False
+            due = min(due, look)
+        self.due = due
         return True
 
     def orphaned(
@@ -158,6 +169,7 @@ class Watch(Heartbeats):
         """Busy workers certain never to progress, as ``stalled`` gives them, long before their limit:
         one waiting, idle, in a library whose threads it lacks, or spinning in one (``_stuck``)."""
         found: list[tuple[int, float, float, float, float, float]] = []
+        self.due = float("inf")
         if self.start_method != "fork":
             return found  # a spawned or forkserver worker lacks no thread of this process's
         now = time.monotonic()
@@ -178,18 +190,20 @@ class Watch(Heartbeats):
                 worker_id, pid, self.lacking_pools, now, self._sampler(worker_id, pid)
             ):
                 found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
+        self.due = self.stuck.next_due()
         return found
 
     def _sampler(self, worker_id: int, pid: int) -> Any:
-        """Samples of worker ``worker_id``'s main stacks (None without both its dumpers)."""
-        if self.ready_flags(worker_id) & (NATIVE_READY | PYTHON_READY) != NATIVE_READY | PYTHON_READY:
+        """Samples of worker ``worker_id``'s main thread (None without its native dumper, or where its
+        Python frames cannot be read from outside)."""
+        base = worker_id * FIELDS
+        thread_state = int(self.slots[base + PYTHON_STATE])
+        if not self.ready_flags(worker_id) & NATIVE_READY or not thread_state:
             return None
         from ..diagnostics import spin_samples
 
-        base = worker_id * FIELDS
         return spin_samples.sampler(
-            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]),
-            self.python_stack_path(worker_id, pid), int(self.slots[base + PYTHON_SIGNAL]),
+            pid, self.native_stack_path(worker_id, pid), int(self.slots[base + NATIVE_SIGNAL]), thread_state
         )
 
     def waits_in(self, worker_id: int) -> str | None:
@@ -224,13 +238,17 @@ def start_watch(loader: Any, options: Options, start_method: str) -> Watch | Non
         return None
 
 
+_SHORTEST_STEP = 0.05  # seconds: the shortest poll interval, also the shortest wait for a check due
+
+
 def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]], timeout: float
                    ) -> tuple[bool, Any]:
     """torch's wait for one batch, in steps of the poll interval, checking the heartbeats between."""
     watch: Watch = iterator._safeloader_watch
     remaining = timeout
     while True:
-        step = min(remaining, watch.poll_interval)
+        # Up to the poll interval, less where a check is due sooner (``Watch.due``).
+        step = min(remaining, watch.poll_interval, max(_SHORTEST_STEP, watch.due - time.monotonic()))
         started = time.monotonic()
         success, data = torch_wait(step)
         ended = time.monotonic()
@@ -298,6 +316,10 @@ def _check(iterator: Any, watch: Watch) -> None:
         return
     from ..diagnostics import certain_causes, stall_report  # only once a worker stalled
 
+    # The workers are shut down after the report whatever it finds: unregistered from torch's SIGCHLD
+    # handler first, so that one dying while its stacks are dumped (a faulthandler dump can crash a
+    # running thread) does not turn this report into torch's "worker killed by signal".
+    _torch_internals.forget_worker_pids(iterator)
     reports = []
     for worker_id, waited, limit, state, items, batch in stalled:
         pid = workers[worker_id].pid

@@ -44,6 +44,13 @@ class StuckWorkers:
         self.trusted: frozenset[str] = frozenset()  # libraries live in the parent that the table calls safe
         self._trusted_at = -1.0
 
+    def next_due(self) -> float:
+        """When the first window ``idle`` or ``spinning`` keeps open ends (inf: none is open)."""
+        ends = [seen[2] + ORPHAN_CONFIRM for seen in self.waits.values()]
+        windows = self.spin_windows
+        ends += [start + windows.get(worker_id, ORPHAN_CONFIRM) for worker_id, (_, start) in self.runs.items()]
+        return min(ends, default=float("inf"))
+
     def forget(self, worker_id: int) -> None:
         self.waits.pop(worker_id, None)
         self.runs.pop(worker_id, None)
@@ -108,8 +115,9 @@ class StuckWorkers:
     def spinning(self, worker_id: int, pid: int, lacking: frozenset[str], now: float, sample: Any) -> bool:
         """Whether worker ``worker_id`` (``pid``) has run for ``ORPHAN_CONFIRM`` without finishing an item
         (more CPU than ``ORPHAN_IDLE_TICKS``: on a loaded machine a spinning worker gets a small share),
-        its main thread found at each of a few native samples (``sample()``: its innermost frames, or None)
-        in the same library's code calling back into the interpreter, a library of a distribution whose
+        its main thread found at most of a few native samples (``sample()``: its frames, taken only while
+        it runs out of any system call, its Python frames read from outside; or None) in the same
+        library's code calling back into the interpreter, a library of a distribution whose
         native threads run in the parent: a retry loop on a handle inherited without its threads (pyzmq's
         context after a fork answers every call with EINTR, which pyzmq retries for ever). A slow item
         computing in native code (numpy, torch) does not call back into the interpreter from there; one

@@ -32,6 +32,7 @@ from ._heartbeat import (
     PYTHON_FD,
     PYTHON_READY,
     PYTHON_SIGNAL,
+    PYTHON_STATE,
     READY,
     SEND_ERRNO,
     STATE,
@@ -71,6 +72,10 @@ def enter_worker(watch: Heartbeats, worker_id: int) -> None:
             # one (the forked worker's only thread, or a spawned worker's loop), asked of C alone.
             os.write(python_fd, b"main-thread %#x\n" % _thread.get_ident())
             faulthandler.register(python_signal, file=python_fd, all_threads=True, chain=False)
+            # Its handler leaves errno as its writes set it (CPython restores errno only with
+            # chain=True): wrapped in one that restores it, where the signal lands between a
+            # library's failed call and its check of errno (csrc/backtrace.c).
+            native.keep_errno(python_signal)
             python_handler = native.signal_handler_address(python_signal)
             watch.slots[base + PYTHON_FD] = float(python_fd)
             watch.slots[base + PYTHON_SIGNAL] = float(python_signal)
@@ -87,6 +92,8 @@ def enter_worker(watch: Heartbeats, worker_id: int) -> None:
         # a stall is still reported, without stacks. The worker's own data
         # path needs the descriptors more than diagnostics do.
         pass
+    # Where the parent reads this thread's Python frames from outside (a spin's samples).
+    watch.slots[base + PYTHON_STATE] = float(native.thread_state())
     beat = _progress.start_beat(watch, base, python_fd, native_fd)
     native_handler = native.signal_handler_address(native_signal) if native_signal else 0
     beat.signals = (python_signal, python_handler, native_signal, native_handler)
