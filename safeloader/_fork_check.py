@@ -154,7 +154,7 @@ def _stop_openblas_servers(options: Options) -> None:
     """What each pthreads OpenBLAS's own fork handler does at the fork about to happen, done before
     the fork-time check reads the threads (``_blas_pools.stop_openblas_servers``); only where the
     "threadpools" backend runs for this loader, whose pools these are."""
-    if _backend_active(hook_names.THREADPOOLS, options):
+    if _backend_active(threadpools.NAME, options):
         threadpools.stop_openblas_servers()
 
 
