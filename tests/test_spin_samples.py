@@ -59,7 +59,9 @@ def test_python_frames_of_a_running_fork_are_read_from_outside():
     assert out["found"] >= out["reads"] // 2, out
     assert out["chained"] >= 0.9 * out["found"], out
     assert set(out["names"]) <= {"<module>", "__init__", "leaf", "middle", "top", "<lambda>"}, out
-    assert out["files"] == [out["script"]], out
+    # Python 3.13's shim frame under a class call with a Python __init__ (_Py_InitCleanup, whose code
+    # names its file "__init__") is a real frame of the thread: read, but no file of the program.
+    assert [name for name in out["files"] if name != "__init__"] == [out["script"]], out
     assert out["same_state"] and out["own"] == ["python_frames", "own_frames"], out
 
 

@@ -234,13 +234,17 @@ def run(loader: str) -> dict:
 
 
 expected = [work(i) for i in range(4)]
-# On a loaded machine the calling thread can run every task of a query before a pool thread is
-# scheduled: the work is repeated (a few times at most) until the pool's threads took CPU, which
-# run_case checks.
-for _ in range(10):
+# A pool thread still running when asked cannot be attributed to its library (its stack is read
+# from /proc only while it waits), and on a loaded machine it can wait for a CPU for seconds; the
+# calling thread may also have run every task of a small query alone. So: asked again every 0.2 s
+# for up to 20 s, the work repeated every 2 s, until the pool's threads are seen to have taken CPU
+# (run_case checks it).
+for attempt in range(100):
     if busy_threads(MARKER):
         break
-    work(0)
+    if attempt % 10 == 9:
+        work(0)
+    time.sleep(0.2)
 time.sleep(0.3)  # the pool idle, as between the steps of a program (some threads spin a while first)
 parent_threads = busy_threads(MARKER)
 for loader in LOADER.split(","):
