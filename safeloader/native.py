@@ -242,12 +242,17 @@ def python_frames(pid: int, thread_state: int) -> list[tuple[str, str]] | None:
     process ended, the kernel refuses, the frames' layout was not found, no extension).
 
     A running thread's frames change between two reads: the answer is a sample, each frame checked
-    to be a code object's. Python 3.12's C-stack entry frames (``<shim>``) are left out.
+    to be a code object's. The interpreter's own frames are left out: Python 3.12's C-stack entry
+    frames (file ``<shim>``) and 3.13's frame under a class call with a Python ``__init__``
+    (``_Py_InitCleanup``, file ``__init__``), which would pass for the program's innermost code.
     """
     if not _frames_probed():
         return None
     frames: list[tuple[str, str]] | None = _impl.python_frames(pid, thread_state)
-    return None if frames is None else [frame for frame in frames if frame[0] != "<shim>"]
+    return None if frames is None else [frame for frame in frames if frame[0] not in _SHIM_FILES]
+
+
+_SHIM_FILES = ("<shim>", "__init__")  # no module's file is named so: a path, or "<frozen ...>", "<string>"
 
 
 def _frames_probed() -> bool:

@@ -137,16 +137,6 @@ def _in_user_code(pid: int) -> bool:
         return False
 
 
-_STDLIB = os.path.dirname(os.__file__)
-"""The standard library's directory (lib-dynload lies inside it), as sysconfig's "stdlib" path says,
-without sysconfig: its first use reads the build's configuration (0.7 s on a loaded machine)."""
-
-
-def _library_code(file: str) -> bool:
-    """Whether ``file`` (a Python frame's) is the standard library's or an installed package's."""
-    return file.startswith(("<frozen ", _STDLIB + os.sep)) or "-packages" + os.sep in file
-
-
 def _interpreter(path: str) -> bool:
     return os.path.basename(path).startswith(("libpython", "python"))
 
@@ -212,7 +202,7 @@ def spinning_in(sample: Sample | None, live: frozenset[str]) -> str | None:
         return None
     name, tops = shipped
     for files in python_seen:
-        if not _library_code(files[0]) and any(_site_entry(file) in tops for file in files[1:]):
+        if not stacks.library_file(files[0]) and any(_site_entry(file) in tops for file in files[1:]):
             return None  # the library calls the user's Python back (np.vectorize's function): progressing
     return name
 

@@ -21,6 +21,14 @@ SYSTEM_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux", "libpython", "
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _PY_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 
+_STDLIB = os.path.dirname(os.__file__)  # sysconfig's "stdlib" path, without sysconfig's 0.7 s first use
+
+
+def library_file(file: str) -> bool:
+    """Whether ``file`` (a Python frame's) is the standard library's (frozen modules too) or an installed package's."""
+    return file.startswith(("<frozen ", _STDLIB + os.sep)) or "-packages" + os.sep in file
+
+
 NativeFrames = list[tuple[str, str]]
 """(library path, symbol) per frame, innermost first."""
 

@@ -58,11 +58,9 @@ def _libraries(report: WorkerStacks) -> set[str]:
 
 
 def is_library_code(file: str) -> bool:
-    """Whether ``file`` is the standard library's or an installed package's (not the program's own)."""
-    import sysconfig
-
-    roots = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(root and file.startswith(root + os.sep) for root in roots) or "-packages" + os.sep in file
+    """Whether ``file`` is the standard library's or an installed package's (not the program's own);
+    a frozen module's name is not a file."""
+    return not file.startswith("<frozen ") and stacks.library_file(file)
 
 
 def _symbols(report: WorkerStacks) -> list[str]:

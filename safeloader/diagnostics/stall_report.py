@@ -85,9 +85,11 @@ def collect(
     python_signal: int = 0,
     native_signal: int = 0,
     waits_in: str | None = None,
+    explain: bool = True,
 ) -> StallReport:
     """Ask the stuck worker for its stacks (it runs signal handlers even when deadlocked): its dumpers'
-    paths and signals, and ``waits_in``, the library the watchdog saw its main thread wait in."""
+    paths and signals, ``waits_in``, the library the watchdog saw its main thread wait in, and whether to
+    ``explain`` (read the likely cause: not for a spin the watchdog confirmed)."""
     python_text, main_ident = "", None
     if python_path is not None and python_signal:
         python_text, main_ident = stacks.python_stacks(pid, python_path, PYTHON_DUMP_WAIT, python_signal)
@@ -109,7 +111,8 @@ def collect(
         waits_in=waits_in,
         stack_objects=() if native_path is not None else _objects_on_stack(pid),
     )
-    report.cause = likely_cause(report, watch)
+    if explain:
+        report.cause = likely_cause(report, watch)
     return report
 
 

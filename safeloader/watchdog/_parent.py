@@ -186,8 +186,11 @@ class Watch(Heartbeats):
                 # schedules them late) could not be attributed. Looked for again, once, now.
                 self.lacking_pools = frozenset(hazard.library for hazard in self.find_lacking_pools())
                 self.find_lacking_pools = None
+            # Once a worker is certain, the others are not sampled (a second sampling would only
+            # delay the report, by a second or more on a loaded machine); an idle one is still named.
+            sample = self._sampler(worker_id, pid) if not found else None
             if self.stuck.idle(worker_id, pid, self.lacking_pools, now) or self.stuck.spinning(
-                worker_id, pid, self.lacking_pools, now, self._sampler(worker_id, pid)
+                worker_id, pid, self.lacking_pools, now, sample
             ):
                 found.append((worker_id, waited, ORPHAN_WAIT, state, items, self.slots[base + BATCH]))
         self.due = self.stuck.next_due()
@@ -324,6 +327,7 @@ def _check(iterator: Any, watch: Watch) -> None:
     for worker_id, waited, limit, state, items, batch in stalled:
         pid = workers[worker_id].pid
         flags = watch.ready_flags(worker_id)
+        spins_in = watch.spins_in(worker_id) if certain else None
         report = stall_report.collect(
             worker_id, pid, waited, limit, state == STARTING, items,
             python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
@@ -332,11 +336,11 @@ def _check(iterator: Any, watch: Watch) -> None:
             python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
             native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
             waits_in=watch.waits_in(worker_id) if certain else None,
+            explain=not spins_in,
         )
         report.certain = certain
         if certain:
-            spins_in = watch.spins_in(worker_id) or ""
-            report.spinning = spins_in
+            report.spinning = spins_in or ""
             report.cause = certain_causes.spinning(spins_in, _main_frames(report)) if spins_in else (
                 certain_causes.overruled(report.cause))
         report.collating = int(batch) if state == COLLATING else 0
