@@ -47,6 +47,14 @@ ROWS = {
 }
 
 
+def cases(names) -> list:
+    # DuckDB's cases start from scratch: in a child forked from the warm interpreter (tests/subproc.py)
+    # on Python 3.13, DuckDB's pool threads were found to have taken no CPU in about half the runs
+    # (never in a fresh interpreter, never on 3.11; cause not found: see issue 39's notes).
+    return [pytest.param(name, marks=pytest.mark.fresh_interpreter) if name.startswith("duckdb") else name
+            for name in sorted(names)]
+
+
 def run_case(case: str, loader: str, tmp_path) -> dict:
     out = check_script("library_under_fork.py", case, loader, tmp_path, timeout=120).stdout
     result = json.loads(out.splitlines()[-1])
@@ -65,25 +73,25 @@ def assert_reads_like_the_parent(result: dict, restarts: bool) -> None:
 
 
 @pytest.mark.torch_baseline
-@pytest.mark.parametrize("case", sorted(SURVIVES))
+@pytest.mark.parametrize("case", cases(SURVIVES))
 def test_torchs_loader_reads_what_the_parent_reads_after_the_parent_used_the_pool(case, tmp_path):
     assert_reads_like_the_parent(run_case(case, "torch", tmp_path), SURVIVES[case])
 
 
-@pytest.mark.parametrize("case", sorted(SURVIVES))
+@pytest.mark.parametrize("case", cases(SURVIVES))
 def test_safeloader_forks_with_no_warning_and_reads_what_the_parent_reads(case, tmp_path):
     # duckdb-async-threads-0: the remedy the refusal below names (SET async_threads=0 in the parent).
     assert_reads_like_the_parent(run_case(case, "safeloader", tmp_path), SURVIVES[case])
 
 
 @pytest.mark.torch_baseline
-@pytest.mark.parametrize("case", sorted(HANGS))
+@pytest.mark.parametrize("case", cases(HANGS))
 def test_torchs_loader_hangs_after_the_parent_used_the_pool(case, tmp_path):
     result = run_case(case, "torch", tmp_path)
     assert result["items"] == [] and result["error"].startswith("RuntimeError: DataLoader timed out"), result
 
 
-@pytest.mark.parametrize("case", sorted(HANGS))
+@pytest.mark.parametrize("case", cases(HANGS))
 def test_safeloader_refuses_before_any_worker_starts_and_names_the_remedy(case, tmp_path):
     result = run_case(case, "safeloader", tmp_path)
     named, remedy = HANGS[case]

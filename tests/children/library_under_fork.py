@@ -94,7 +94,7 @@ def pyarrow_case() -> tuple[str, Callable[[int], object]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = pa.table({"k": np.arange(1_000_000) % 1000, "v": np.arange(4_000_000, dtype="f8")})
+    table = pa.table({"k": np.arange(4_000_000) % 1000, "v": np.arange(4_000_000, dtype="f8")})
     chunks = pa.concat_tables([table.slice(i, 250_000) for i in range(0, len(table), 250_000)])
 
     def work(index: int) -> object:
