@@ -100,7 +100,7 @@ def regular_file_offsets() -> tuple[tuple[int, int, int, int], ...]:
 
 _RECORD = struct.Struct("=qQQq")  # file_records' record: fd, st_dev, st_ino, offset (-1: cannot seek)
 # File status flags a fresh description keeps (the access mode is read-only).
-_KEPT_STATUS_FLAGS = (
+KEPT_STATUS_FLAGS = (
     getattr(os, "O_NONBLOCK", 0)
     | getattr(os, "O_DIRECT", 0)
     | getattr(os, "O_NOATIME", 0)
@@ -175,7 +175,7 @@ def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
     """A fresh read-only descriptor of the file ``found`` (an fstat) by ``path``, or -1 where the path
     names another file now. Opened non-blocking (a FIFO put in its place must not hang the worker)."""
     try:
-        fresh = os.open(path, os.O_RDONLY | (flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+        fresh = os.open(path, os.O_RDONLY | (flags & KEPT_STATUS_FLAGS) | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return -1
     try:
@@ -229,7 +229,7 @@ def privatize_files(
                 offset = os.lseek(fd, 0, os.SEEK_CUR)
             fresh = _open_by_path(known[fd], flags, found) if fd in known else -1
             if fresh < 0:
-                fresh = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | (flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC)
+                fresh = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | (flags & KEPT_STATUS_FLAGS) | os.O_CLOEXEC)
             if offset:
                 os.lseek(fresh, offset, os.SEEK_SET)
             os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))

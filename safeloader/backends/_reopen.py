@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _context, native
+from .._native_fallback import KEPT_STATUS_FLAGS  # one list of the status flags a fresh description keeps
 from ..errors import SharedFileWarning
 from . import _descriptors
 
@@ -24,15 +25,6 @@ RECORD = struct.Struct("=qQQq")
 """``native.file_records``' record of a regular file: fd, st_dev, st_ino, offset (-1: cannot seek)."""
 Paths = tuple[tuple[int, bytes], ...]
 """(fd, path) of the files whose path is known (a file object's ``name``), sorted by fd."""
-# File status flags a fresh description should keep (access mode set separately).
-_KEPT_STATUS_FLAGS = (
-    getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_DIRECT", 0)
-    | getattr(os, "O_NOATIME", 0)
-    | getattr(os, "O_LARGEFILE", 0)
-    | getattr(os, "O_SYNC", 0)
-    | getattr(os, "O_DSYNC", 0)
-)
 
 
 @dataclass(frozen=True)
@@ -157,7 +149,7 @@ def _offset_at_fork(entry: InheritedFd) -> int:
 def _open_fresh(entry: InheritedFd, read_only: bool) -> tuple[int, int]:
     """(a fresh descriptor of ``entry``'s file, the offset at the fork); raises OSError."""
     access = os.O_RDONLY if read_only else entry.flags & os.O_ACCMODE
-    flags = access | (entry.flags & _KEPT_STATUS_FLAGS) | os.O_CLOEXEC
+    flags = access | (entry.flags & KEPT_STATUS_FLAGS) | os.O_CLOEXEC
     offset = _offset_at_fork(entry)
     return os.open(f"{_PROC_FD}/{entry.fd}", flags), offset
 
