@@ -12,7 +12,10 @@ from typing import Any
 
 from ._openblas_count import cpu_number as _cpu_number
 
-__all__ = ["KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "thread_count"]
+__all__ = [
+    "KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "stop_openblas_servers",
+    "thread_count",
+]
 
 # File-name prefixes of the pools read here with ctypes (the common ones: numpy's and scipy's
 # OpenBLAS, torch's GNU OpenMP), and of the others threadpoolctl knows (MKL, BLIS, FlexiBLAS, a
@@ -48,6 +51,10 @@ class Pool:
     """An OpenBLAS on its own threads, whose setter starts its pool again in a forked worker."""
     library: Any = None
     """threadpoolctl's controller, for a library not read here (MKL, BLIS...), else None."""
+    stop_servers: Any = None
+    """A pthreads OpenBLAS's ``blas_thread_shutdown_``: the C function its own fork handler runs in
+    the parent at every fork (its threads told to exit and joined; the next BLAS call starts them
+    again), or None."""
 
 
 class PoolFinder:
@@ -145,7 +152,36 @@ def _openblas_pool(path: str) -> Pool | None:
         return None
     pthreads = parallel() != 2  # 2: OpenMP-threaded, which counts per calling thread
     cpu_number = _cpu_number(dynlib, getter) if pthreads else None
-    return Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads)
+    stop_servers = _stop_servers(dynlib, prefix, suffix) if pthreads else None
+    return Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads, stop_servers=stop_servers)
+
+
+def _stop_servers(dynlib: Any, prefix: str, suffix: str) -> Any:
+    """OpenBLAS's ``blas_thread_shutdown_`` (its builds export it unprefixed, as scipy-openblas does,
+    or with the affixes of its other names), or None."""
+    import ctypes
+
+    for name in ("blas_thread_shutdown_", f"{prefix}blas_thread_shutdown_{suffix}"):
+        function = getattr(dynlib, name, None)
+        if function is not None:
+            function.restype = ctypes.c_int
+            function.argtypes = ()
+            return function
+    return None
+
+
+def stop_openblas_servers(pools: tuple[Pool, ...]) -> int:
+    """In the parent, right before a fork it is about to make: what each pthreads OpenBLAS's own
+    fork handler (``pthread_atfork``) will do at that fork, done now: its server threads told to
+    exit and joined, to be started again by its next BLAS call. Threads that spin for work after a
+    BLAS call (about 0.1 s) are then gone instead of running when the fork-time check reads them.
+    Returns how many copies were asked (one with no threads returns at once)."""
+    stopped = 0
+    for pool in pools:
+        if pool.stop_servers is not None:
+            pool.stop_servers()
+            stopped += 1
+    return stopped
 
 
 def _openmp_pool(path: str) -> Pool | None:
