@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._openblas_count import cpu_number as _cpu_number
+from ._openblas_stop import ServerStop, private_copy
 
 __all__ = [
     "KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "stop_openblas_servers",
@@ -51,10 +52,10 @@ class Pool:
     """An OpenBLAS on its own threads, whose setter starts its pool again in a forked worker."""
     library: Any = None
     """threadpoolctl's controller, for a library not read here (MKL, BLIS...), else None."""
-    stop_servers: Any = None
-    """A pthreads OpenBLAS's ``blas_thread_shutdown_``: the C function its own fork handler runs in
-    the parent at every fork (its threads told to exit and joined; the next BLAS call starts them
-    again), or None."""
+    stop_servers: ServerStop | None = None
+    """A private pthreads OpenBLAS's ``blas_thread_shutdown_``: the C function its own fork handler
+    runs in the parent at every fork (its threads told to exit and joined; the next BLAS call starts
+    them again), looked up at its first use; None for any other pool."""
 
 
 class PoolFinder:
@@ -152,22 +153,10 @@ def _openblas_pool(path: str) -> Pool | None:
         return None
     pthreads = parallel() != 2  # 2: OpenMP-threaded, which counts per calling thread
     cpu_number = _cpu_number(dynlib, getter) if pthreads else None
-    stop_servers = _stop_servers(dynlib, prefix, suffix) if pthreads else None
-    return Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads, stop_servers=stop_servers)
-
-
-def _stop_servers(dynlib: Any, prefix: str, suffix: str) -> Any:
-    """OpenBLAS's ``blas_thread_shutdown_`` (its builds export it unprefixed, as scipy-openblas does,
-    or with the affixes of its other names), or None."""
-    import ctypes
-
-    for name in ("blas_thread_shutdown_", f"{prefix}blas_thread_shutdown_{suffix}"):
-        function = getattr(dynlib, name, None)
-        if function is not None:
-            function.restype = ctypes.c_int
-            function.argtypes = ()
-            return function
-    return None
+    real = os.path.realpath(path)
+    anchors = (f"{prefix}openblas_get_num_threads{suffix}", f"{prefix}openblas_set_num_threads{suffix}")
+    stop_servers = ServerStop(dynlib, real, anchors) if pthreads and private_copy(real) else None
+    return Pool(real, False, False, getter, cpu_number, setter, pthreads, stop_servers=stop_servers)
 
 
 def stop_openblas_servers(pools: tuple[Pool, ...]) -> int:
@@ -175,13 +164,13 @@ def stop_openblas_servers(pools: tuple[Pool, ...]) -> int:
     fork handler (``pthread_atfork``) will do at that fork, done now: its server threads told to
     exit and joined, to be started again by its next BLAS call. Threads that spin for work after a
     BLAS call (about 0.1 s) are then gone instead of running when the fork-time check reads them.
-    Returns how many copies were asked (one with no threads returns at once)."""
-    stopped = 0
-    for pool in pools:
-        if pool.stop_servers is not None:
-            pool.stop_servers()
-            stopped += 1
-    return stopped
+    Only while this is the process's one Python thread: a call in progress on another would wait
+    forever for threads told to exit (the fork handler takes that risk at the fork; a stop a few
+    milliseconds earlier must not add to it), and only a private copy (``_openblas_stop``), which no
+    native thread calls without a Python thread. Returns how many copies were stopped."""
+    if not pools or len(sys._current_frames()) > 1:
+        return 0
+    return sum(1 for pool in pools if pool.stop_servers is not None and pool.stop_servers())
 
 
 def _openmp_pool(path: str) -> Pool | None:
