@@ -58,10 +58,15 @@ def _exported(dynlib: Any) -> Any:
     import ctypes
 
     function = getattr(dynlib, _SHUTDOWN, None)  # exported unprefixed by scipy-openblas up to numpy 2.4
-    if function is not None:
-        function.restype = ctypes.c_int
-        function.argtypes = ()
-    return function
+    return None if function is None else _holding_the_gil(ctypes.cast(function, ctypes.c_void_p).value)
+
+
+def _holding_the_gil(address: Any) -> Any:
+    """The C function at ``address``, called without releasing the GIL: no Python thread can start
+    (and call BLAS) between the caller's check that it is the only one and the threads' exit."""
+    import ctypes
+
+    return ctypes.PYFUNCTYPE(ctypes.c_int)(address)
 
 
 def _private(dynlib: Any, path: str, anchors: tuple[str, str]) -> Any:
@@ -84,7 +89,7 @@ def _private(dynlib: Any, path: str, anchors: tuple[str, str]) -> Any:
     if len(bases) != 1:
         return None
     # Its address is taken by OpenBLAS's own pthread_atfork call: it keeps the C calling convention.
-    return ctypes.CFUNCTYPE(ctypes.c_int)(bases.pop() + values[_SHUTDOWN])
+    return _holding_the_gil(bases.pop() + values[_SHUTDOWN])
 
 
 _SHT_SYMTAB = 2
