@@ -3,6 +3,7 @@ inherit broken and no backend resets; then raise, switch to a preloaded forkserv
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import re
@@ -77,15 +78,16 @@ def _is_gomp(library: str) -> bool:
     return os.path.basename(library).startswith("libgomp")
 
 
-def hazards(options: Options, loader: Any = None) -> list[Hazard]:
+def hazards(options: Options, loader: Any = None, forking: bool = False) -> list[Hazard]:
     """What this process holds that a forked worker of ``loader`` would inherit broken and no active
-    backend resets (the last answer while nothing it depends on changed)."""
+    backend resets (the last answer while nothing it depends on changed). ``forking``: asked right
+    before this process forks the workers (``apply``)."""
     global _last
     key = _state_key(options)
     last = _last
     if key is not None and last is not None and last[0] == key:
         return list(last[1])
-    found, attributed, per_loader = _hazards(options, loader)
+    found, attributed, per_loader = _hazards(options, loader, forking)
     # Kept only where every native thread's library was found (one not found, still running at the
     # census, is asked again at the next call), and where no backend's answer depended on the loader.
     if key is not None and attributed == len(key[0]) and not per_loader:
@@ -112,14 +114,17 @@ def _state_key(options: Options) -> tuple[Any, ...] | None:
     )
 
 
-def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
+def _hazards(options: Options, loader: Any, forking: bool = False) -> tuple[list[Hazard], int, bool]:
     """(what ``hazards`` finds, how many native threads' libraries were found, whether a backend was
     asked about the loader)."""
     found = []
     per_loader = False
+    # Right before the fork, a thread seen running is not waited for (up to 50 ms) before the pools
+    # the fork itself stops are stopped: OpenBLAS's threads spin for about 0.1 s after a BLAS call.
+    before_waiting = functools.partial(_stop_openblas_servers, options) if forking else None
     with _lock:
         _owners.clear()
-        live = thread_owners.live_libraries()
+        live = thread_owners.live_libraries(before_waiting)
         attributed = sum(live.values())
         # A pool that runs on another library's threads (numba's on GNU OpenMP's): found by its state.
         gomp_threads = sum(count for library, count in live.items() if _is_gomp(library))
@@ -143,6 +148,14 @@ def _hazards(options: Options, loader: Any) -> tuple[list[Hazard], int, bool]:
             what = f"GNU OpenMP ({name}) with live pool threads"
             found.append(Hazard(path, name, 1, what, note))
     return found, attributed, per_loader
+
+
+def _stop_openblas_servers(options: Options) -> None:
+    """What each pthreads OpenBLAS's own fork handler does at the fork about to happen, done before
+    the fork-time check reads the threads (``_blas_pools.stop_openblas_servers``); only where the
+    "threadpools" backend runs for this loader, whose pools these are."""
+    if _backend_active(threadpools.NAME, options):
+        threadpools.stop_openblas_servers()
 
 
 _MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
@@ -182,7 +195,7 @@ def apply(loader: Any, options: Options, start_method: str) -> tuple[Hazard, ...
     policy = options.on_unsafe_fork
     if start_method != "fork":
         return ()
-    found = hazards(options, loader)
+    found = hazards(options, loader, forking=True)
     if not found:
         return ()
     if policy == "ignore":

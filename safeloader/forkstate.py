@@ -15,7 +15,8 @@ from . import _context, _loader_lock, _torch_internals, native
 from ._imports import modules_state
 
 __all__ = [
-    "ForkState", "ForeignThread", "Pool", "StartForks", "parent_state", "record", "record_for_later_forks", "snapshot",
+    "ForkState", "ForeignThread", "Pool", "StartForks", "loaded_libraries", "parent_state", "record",
+    "record_for_later_forks", "snapshot",
 ]
 
 # Runtimes whose pool a forked child cannot use: GNU OpenMP keeps the parent's
@@ -154,6 +155,12 @@ _linker = _DynamicLinker()
 
 def _dynamic_linker() -> _DynamicLinker:
     return _linker
+
+
+def loaded_libraries() -> tuple[str, ...]:
+    """Paths of the loaded shared objects, in load order: the tuple ``ForkState.libraries`` holds
+    (the same object while nothing was loaded or unloaded)."""
+    return _dynamic_linker().loaded()
 
 
 def _native_thread(tid: int, name: str) -> ForeignThread:

@@ -13,16 +13,20 @@ def _start(mode: str) -> dict:
 
 def test_a_start_whose_native_threads_are_all_attributed_opens_no_library_file():
     # torch's OpenMP and numpy's OpenBLAS threads are live: each waits in a library safeloader
-    # knows (a backend handles it), so the on_unsafe_fork check reads nothing from disk.
+    # knows (a backend handles it), so the on_unsafe_fork check reads nothing from disk. The one
+    # exception, once per process: the symbol table of an OpenBLAS whose spinning threads the start
+    # stops, where its build keeps blas_thread_shutdown_ private (numpy 2.5); a later start reads none.
     found = _start("attributed")
     assert found["foreign"] >= 2, found  # the pools really are live
-    assert found["opened"] == [] and not found["warned"], found
+    assert set(found["opened"]) <= set(found["stoppable"]) and not found["warned"], found
+    assert found["opened_again"] == [], found
 
 
 def test_a_live_pool_no_backend_handles_is_read_and_named():
     # The same check still reads the one library whose live threads no active backend handles.
     found = _start("unhandled")
-    assert [path.rsplit("/", 1)[-1] for path in found["opened"]] == ["_polars_runtime.abi3.so"], found
+    read = [path.rsplit("/", 1)[-1] for path in found["opened"] if path not in found["stoppable"]]
+    assert read == ["_polars_runtime.abi3.so"], found  # (OpenBLAS's symbol table: as above)
     assert found["warned"], found
 
 

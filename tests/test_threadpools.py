@@ -17,7 +17,7 @@ import torch
 import safeloader
 from safeloader import forkstate
 from safeloader._options import available_cores
-from safeloader.backends import _blas_pools, _openblas_count, threadpools
+from safeloader.backends import _blas_pools, _openblas_count, _openblas_stop, threadpools
 
 from .subproc import check_python, check_script, run_script
 
@@ -304,3 +304,17 @@ except safeloader.UnsafeForkError as error:
     # What a forked worker suffers from GNU OpenMP is known: said as a fact, no "check it yourself".
     assert "a worker that uses it waits forever (torch's own loader hangs there too)" in out, out
     assert "you checked that" not in out, out
+
+
+def test_each_private_pthreads_openblas_has_its_thread_shutdown_found_exported_or_in_its_symbol_table():
+    # numpy 2.4's OpenBLAS exports blas_thread_shutdown_, numpy 2.5's keeps it private: either way it is
+    # found (its address agreed on by two exported functions), and only for copies no native pool calls.
+    import numpy  # noqa: F401  (loads its OpenBLAS)
+
+    pools = [pool for pool in _blas_pools.PoolFinder().pools(forkstate.loaded_libraries()) if pool.pthreads_openblas]
+    assert pools
+    for pool in pools:
+        assert pool.stop_servers is not None and pool.stop_servers.function() is not None, pool.path
+    assert not _openblas_stop.private_copy("/venv/site-packages/torch.libs/libopenblasp-r0-1a2b3c4d.3.27.so")
+    assert not _openblas_stop.private_copy("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
+    assert _openblas_stop.symbol_values(__file__, ("blas_thread_shutdown_",)) == {}  # no ELF file

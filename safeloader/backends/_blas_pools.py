@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._openblas_count import cpu_number as _cpu_number
+from ._openblas_stop import ServerStop, private_copy
 
-__all__ = ["KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "thread_count"]
+__all__ = [
+    "KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "stop_openblas_servers",
+    "thread_count",
+]
 
 # File-name prefixes of the pools read here with ctypes (the common ones: numpy's and scipy's
 # OpenBLAS, torch's GNU OpenMP), and of the others threadpoolctl knows (MKL, BLIS, FlexiBLAS, a
@@ -48,6 +52,10 @@ class Pool:
     """An OpenBLAS on its own threads, whose setter starts its pool again in a forked worker."""
     library: Any = None
     """threadpoolctl's controller, for a library not read here (MKL, BLIS...), else None."""
+    stop_servers: ServerStop | None = None
+    """A private pthreads OpenBLAS's ``blas_thread_shutdown_``: the C function its own fork handler
+    runs in the parent at every fork (its threads told to exit and joined; the next BLAS call starts
+    them again), looked up at its first use; None for any other pool."""
 
 
 class PoolFinder:
@@ -145,7 +153,24 @@ def _openblas_pool(path: str) -> Pool | None:
         return None
     pthreads = parallel() != 2  # 2: OpenMP-threaded, which counts per calling thread
     cpu_number = _cpu_number(dynlib, getter) if pthreads else None
-    return Pool(os.path.realpath(path), False, False, getter, cpu_number, setter, pthreads)
+    real = os.path.realpath(path)
+    anchors = (f"{prefix}openblas_get_num_threads{suffix}", f"{prefix}openblas_set_num_threads{suffix}")
+    stop_servers = ServerStop(dynlib, real, anchors) if pthreads and private_copy(real) else None
+    return Pool(real, False, False, getter, cpu_number, setter, pthreads, stop_servers=stop_servers)
+
+
+def stop_openblas_servers(pools: tuple[Pool, ...]) -> int:
+    """In the parent, right before a fork it is about to make: what each pthreads OpenBLAS's own
+    fork handler (``pthread_atfork``) will do at that fork, done now: its server threads told to
+    exit and joined, to be started again by its next BLAS call. Threads that spin for work after a
+    BLAS call (about 0.1 s) are then gone instead of running when the fork-time check reads them.
+    Only while this is the process's one Python thread: a call in progress on another would wait
+    forever for threads told to exit (the fork handler takes that risk at the fork; a stop a few
+    milliseconds earlier must not add to it), and only a private copy (``_openblas_stop``), which no
+    native thread calls without a Python thread. Returns how many copies were stopped."""
+    if not pools or len(sys._current_frames()) > 1:
+        return 0
+    return sum(1 for pool in pools if pool.stop_servers is not None and pool.stop_servers())
 
 
 def _openmp_pool(path: str) -> Pool | None:

@@ -19,7 +19,7 @@ from ._blas_pools import Pool
 
 NAME = "threadpools"
 
-__all__ = ["BACKEND", "NAME", "status"]
+__all__ = ["BACKEND", "NAME", "status", "stop_openblas_servers"]
 
 
 @functools.cache
@@ -162,6 +162,12 @@ class ThreadpoolsBackend(Backend):
         # False) until threadpoolctl is imported, which means it got installed.
         self.requires = () if _threadpoolctl_installed() else ("threadpoolctl",)  # type: ignore[misc]
         return super().register()
+
+
+def stop_openblas_servers() -> int:
+    """In the parent, right before it forks a loader's workers: each pthreads OpenBLAS's threads
+    stopped as its own fork handler would stop them at that fork (``_blas_pools``); how many copies."""
+    return _blas_pools.stop_openblas_servers(BACKEND._pools.pools(forkstate.loaded_libraries()))
 
 
 BACKEND = ThreadpoolsBackend()

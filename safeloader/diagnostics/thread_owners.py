@@ -7,6 +7,7 @@ import os
 import struct
 import time
 from bisect import bisect_right
+from collections.abc import Callable
 
 from .. import native
 from .native_libraries import SYSTEM_LIBRARIES, is_system
@@ -203,10 +204,13 @@ _RUNNING_RETRIES = 50
 _RUNNING_PAUSE = 0.001
 
 
-def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
+def owners(threads: tuple[tuple[int, str], ...], before_waiting: Callable[[], object] | None = None
+           ) -> dict[int, str | None]:
     """``library_of`` for each (tid, kernel name) of ``threads``, kept once found (a thread
     keeps its owner). One seen running the first time it is asked is asked again for up to
-    50 ms (a pool's threads spinning after work); after that, once per call, with no wait."""
+    50 ms (a pool's threads spinning after work); after that, once per call, with no wait.
+    ``before_waiting``: called once, before that wait, where there is one (the fork-time check
+    stops the pools it may stop anyway: threads that exit are not waited for)."""
     global _owners, _waited
     if _owners[0] != os.getpid():  # a forked child: thread ids of another process
         _owners, _waited = (os.getpid(), {}), set()
@@ -228,6 +232,9 @@ def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
             _waited.update(running)  # still running after the wait: busy, not spinning down
             break
         pending = running
+        if attempt == 0 and before_waiting is not None:
+            before_waiting()
+            continue  # asked again at once: a thread that exited meanwhile is not waited for
         time.sleep(_RUNNING_PAUSE)
     return found
 
@@ -276,10 +283,10 @@ def wait_in(pid: int, libraries: frozenset[str]) -> tuple[str, str, int] | None:
     return None
 
 
-def live_libraries() -> dict[str, int]:
-    """Object each live native thread waits in -> how many threads."""
+def live_libraries(before_waiting: Callable[[], object] | None = None) -> dict[str, int]:
+    """Object each live native thread waits in -> how many threads (``before_waiting``: ``owners``')."""
     counts: dict[str, int] = {}
-    for library in owners(native.thread_census().foreign).values():
+    for library in owners(native.thread_census().foreign, before_waiting).values():
         if library is not None:
             counts[library] = counts.get(library, 0) + 1
     return counts

@@ -47,7 +47,7 @@ if __name__ == "__main__":  # forkserver workers import this file as __mp_main__
         import safeloader.diagnostics.thread_owners
 
         found_at_start = safeloader.diagnostics.thread_owners.live_libraries
-        safeloader.diagnostics.thread_owners.live_libraries = lambda: {}
+        safeloader.diagnostics.thread_owners.live_libraries = lambda *args: {}
 
         def restore(*args: object) -> None:
             safeloader.diagnostics.thread_owners.live_libraries = found_at_start
