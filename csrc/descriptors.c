@@ -76,8 +76,9 @@ static PyObject *list_descriptors(int offsets) {
  * The parent asks before each worker fork whether the fork hooks that privatize files and sever
  * connections have anything to do there; when they do not, their worker runs none of their code.
  * Allocates nothing (sl_each_proc_entry). A kind already seen is not asked again of the kernel (a
- * parent holding thousands of files: one fcntl, not one a file), and the listing stops once every
- * kind of `until` is seen (`any`: once one of them is). */
+ * parent holding thousands of files: one fcntl, not one a file; once no kind of file is left to
+ * find, one getsockopt a descriptor, not an fstat), and the listing stops once every kind of
+ * `until` is seen (`any`: once one of them is). */
 #define EVERY_KIND 7L
 
 struct kinds {
@@ -85,10 +86,26 @@ struct kinds {
     int any;
 };
 
+static int socket_kind(int fd) {
+    int domain = 0, type = 0;
+    socklen_t size = sizeof domain;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 0;  /* ENOTSOCK, EBADF */
+    size = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 0;
+    return (domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM ? 4 : 0;
+}
+
 static int add_kind(long fd, int own, void *data) {
     struct kinds *found = data;
+    if (fd == own) return 1;  /* the listing's own */
+    if (!(found->until & ~found->kinds & 3)) {
+        /* No kind of file left to look for (a parent holding thousands of files, asked for sockets):
+         * getsockopt answers ENOTSOCK for a file without the fstat (a quarter of its cost). */
+        found->kinds |= socket_kind((int)fd);
+        return (found->any ? (found->kinds & found->until) != 0 : (found->kinds & found->until) == found->until) ? 0 : 1;
+    }
     struct stat st;
-    if (fd == own || fstat((int)fd, &st) != 0) return 1;  /* the listing's own, or closed meanwhile */
+    if (fstat((int)fd, &st) != 0) return 1;  /* closed meanwhile */
     if (S_ISREG(st.st_mode)) {
         found->kinds |= 2;
         if (!(found->kinds & 1)) {
@@ -96,12 +113,7 @@ static int add_kind(long fd, int own, void *data) {
             if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) found->kinds |= 1;
         }
     } else if (S_ISSOCK(st.st_mode) && !(found->kinds & 4)) {
-        int domain = 0, type = 0;
-        socklen_t size = sizeof domain;
-        if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 1;
-        size = sizeof type;
-        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 1;
-        if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) found->kinds |= 4;
+        found->kinds |= socket_kind((int)fd);
     }
     long seen = found->kinds & found->until;
     return (found->any ? seen != 0 : seen == found->until) ? 0 : 1;

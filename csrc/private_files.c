@@ -117,94 +117,27 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
     return result;
 }
 
-/* Whether `fd`'s open file description holds a write (exclusive) flock or OFD lock: such a
- * description is a lock, not a data handle, and a worker re-locking a private copy would block on
- * the parent's lock. Read from /proc/self/fdinfo/<fd> (`info`: that directory, or -1 and `name`
- * the full path), never from
- * /proc/locks: reading that takes the kernel's global file-lock semaphore for writing, which
- * waits for an RCU grace period (milliseconds, tens of them on a busy machine) and stalls every
- * lock call on the system. POSIX (fcntl) locks belong to the process, not to the description: a
- * worker holds none of them, and is not skipped. Unreadable: 0, as if unlocked. */
-static int holds_exclusive_lock(int info, const char *name) {
-    int file = openat(info >= 0 ? info : AT_FDCWD, name, O_RDONLY | O_CLOEXEC);
-    if (file < 0) return 0;
-    char stack[4096];
-    char *text = stack;
-    size_t size = sizeof stack, length = 0;
-    for (;;) {  /* a short read is the end: one read unless the description holds many locks */
-        if (length == size) {
-            size_t bigger = size * 4;
-            char *grown = text == stack ? malloc(bigger) : realloc(text, bigger);
-            if (grown == NULL) break;  /* look at what was read */
-            if (text == stack) memcpy(grown, stack, length);
-            text = grown;
-            size = bigger;
-        }
-        ssize_t count = read(file, text + length, size - length);
-        if (count < 0 && errno == EINTR) continue;
-        if (count < 0) { length = 0; break; }  /* unreadable: as if unlocked */
-        length += (size_t)count;
-        if (count == 0 || length < size) break;
+/* file_offsets(records) -> bytes: `records` (file_records' bytes, made once per loader start), each
+ * with the offset its descriptor has now (-1: closed, or cannot seek). The parent's, before each
+ * worker fork of the start: one lseek a file, where file_records adds an fstat (and, in the
+ * parent holding thousands of files, a second pass over them). The identity stays the start's:
+ * the worker privatizes a descriptor only while it still names that file (privatize_files). */
+PyObject *sl_file_offsets(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(arg, &buffer, PyBUF_SIMPLE) < 0) return NULL;
+    if (buffer.len % (Py_ssize_t)sizeof(sl_file_record) != 0) {
+        PyBuffer_Release(&buffer);
+        return PyErr_Format(PyExc_ValueError, "records must be file_records' bytes");
     }
-    close(file);
-    /* Each line: "lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". */
-    int found = 0;
-    for (size_t start = 0; start < length && !found;) {
-        size_t end = start;
-        while (end < length && text[end] != '\n') end++;
-        const char *fields[5];
-        size_t sizes[5];
-        int count = 0, write = 0;
-        for (size_t at = start; at < end;) {
-            while (at < end && (text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
-                                text[at] == '\f'))
-                at++;
-            if (at == end) break;
-            size_t from = at;
-            while (at < end && !(text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
-                                 text[at] == '\f'))
-                at++;
-            if (count < 5) { fields[count] = text + from; sizes[count] = at - from; }
-            if (at - from == 5 && memcmp(text + from, "WRITE", 5) == 0) write = 1;
-            count++;
-        }
-        if (count > 4 && write && sizes[0] == 5 && memcmp(fields[0], "lock:", 5) == 0 &&
-            ((sizes[2] == 5 && memcmp(fields[2], "FLOCK", 5) == 0) ||
-             (sizes[2] == 6 && memcmp(fields[2], "OFDLCK", 6) == 0)))
-            found = 1;
-        start = end + 1;
+    PyObject *result = PyBytes_FromStringAndSize(buffer.buf, buffer.len);
+    PyBuffer_Release(&buffer);
+    if (result == NULL) return NULL;
+    sl_file_record *records = (sl_file_record *)PyBytes_AS_STRING(result);
+    for (size_t i = 0; i < (size_t)PyBytes_GET_SIZE(result) / sizeof(sl_file_record); i++) {
+        off_t offset = records[i].fd < 0 || records[i].fd > INT32_MAX ? -1 : lseek((int)records[i].fd, 0, SEEK_CUR);
+        records[i].offset = offset < 0 ? -1 : (int64_t)offset;
     }
-    if (text != stack) free(text);
-    return found;
-}
-
-/* exclusively_locked(fds) -> tuple: the descriptors of `fds` (a tuple) whose open file description
- * holds an exclusive flock or OFD lock (holds_exclusive_lock), in the order given. The parent's,
- * once per start (safeloader/backends/files.py): its workers then need not read them each. */
-PyObject *sl_exclusively_locked(PyObject *Py_UNUSED(self), PyObject *fds) {
-    if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
-    PyObject *found = PyList_New(0);
-    if (found == NULL) return NULL;
-    int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
-        PyObject *item = PyTuple_GET_ITEM(fds, i);
-        long fd = PyLong_AsLong(item);
-        if (fd == -1 && PyErr_Occurred()) goto error;
-        if (fd < 0 || fd > INT32_MAX) continue;
-        char info[40];
-        snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
-        if (holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info) &&
-            PyList_Append(found, item) < 0)
-            goto error;
-    }
-    if (info_dir >= 0) close(info_dir);
-    PyObject *result = PyList_AsTuple(found);
-    Py_DECREF(found);
     return result;
-error:
-    if (info_dir >= 0) close(info_dir);
-    Py_DECREF(found);
-    return NULL;
 }
 
 /* The path `paths` (a tuple of (fd, bytes) sorted by fd) gives for `fd`, or NULL (none, or not
@@ -281,7 +214,8 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
  * reaches the file even if moved or deleted. Skipped: the descriptors
  * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
  * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
- * exclusively_locked), descriptions holding an exclusive lock. `privatized`: a tuple of the
+ * exclusively_locked), descriptions holding an exclusive lock; without it, descriptors that name
+ * another file than their record (the parent vetted the files recorded). `privatized`: a tuple of the
  * descriptors given their own description; `failed`: a tuple of (descriptor, errno) of those
  * that could not be (left shared as they were). */
 PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -321,6 +255,10 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         if (skips && bsearch(&key, skip, (size_t)skips, sizeof *skip, compare_fds) != NULL) continue;
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;  /* closed, or another kind of file since */
+        int same = record->dev == (uint64_t)st.st_dev && record->ino == (uint64_t)st.st_ino;
+        /* Without check_locks the records are the parent's vetted set (a loader's files, their locks
+         * read at the start): a number that names another file now is not one of them. */
+        if (!same && !check_locks) continue;
         int is_virtual = 0;
         for (Py_ssize_t v = 0; v < virtuals; v++) is_virtual |= (unsigned long)virtual_devices[v] == (unsigned long)st.st_dev;
         if (is_virtual) continue;
@@ -330,12 +268,11 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         snprintf(entry, sizeof entry, "/proc/self/fd/%d", fd);
         snprintf(info, sizeof info, "/proc/self/fdinfo/%d", fd);
         const char *name = strrchr(entry, '/') + 1;
-        if (check_locks && holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
+        if (check_locks && sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
         /* The parent's offset at the fork, where the descriptor still names that file: the parent runs
          * on while the worker starts, and may have moved the shared offset since. */
         off_t offset = record->offset;
-        if (record->dev != (uint64_t)st.st_dev || record->ino != (uint64_t)st.st_ino || offset < 0)
-            offset = lseek(fd, 0, SEEK_CUR);
+        if (!same || offset < 0) offset = lseek(fd, 0, SEEK_CUR);
         int error = 0, fresh = -1;
         if (offset < 0) error = errno;
         else if ((fresh = open_by_path(paths, fd, flags, &st)) < 0 &&

@@ -208,6 +208,7 @@ NATIVE_FUNCTIONS = (
     "descriptor_kinds",
     "regular_file_offsets",
     "file_records",
+    "file_offsets",
     "privatize_files",
     "exclusively_locked",
     "reserve_descriptor_slots",
