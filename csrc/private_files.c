@@ -42,15 +42,16 @@ typedef struct {
 
 static int read_only(int flags) { return (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH); }
 
-/* The record of `fd` if it is a regular file (open read-only, with `only_read_only`): 1, else 0. */
-static int record_of(int fd, int only_read_only, sl_file_record *record) {
+/* The record of `fd` if it is a regular file (open read-only, with `only_read_only`): 1, else 0.
+ * Its offset: -1 without `with_offset`. */
+static int record_of(int fd, int only_read_only, sl_file_record *record, int with_offset) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;  /* closed, or not a regular file */
     if (only_read_only) {
         int flags = fcntl(fd, F_GETFL);
         if (flags < 0 || !read_only(flags)) return 0;
     }
-    off_t offset = lseek(fd, 0, SEEK_CUR);
+    off_t offset = with_offset ? lseek(fd, 0, SEEK_CUR) : -1;
     record->fd = fd;
     record->dev = (uint64_t)st.st_dev;
     record->ino = (uint64_t)st.st_ino;
@@ -84,7 +85,7 @@ struct every {
 static int record_listed(long fd, int own, void *data) {
     struct every *every = data;
     sl_file_record record;
-    if (fd == own || !record_of((int)fd, every->only_read_only, &record)) return 1;
+    if (fd == own || !record_of((int)fd, every->only_read_only, &record, 1)) return 1;
     return add_record(every->records, &record) < 0 ? -1 : 1;
 }
 
@@ -107,7 +108,7 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
             long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
             if (fd == -1 && PyErr_Occurred()) { free(records.items); return NULL; }
             sl_file_record record;
-            if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, only_read_only, &record)) continue;
+            if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, only_read_only, &record, 1)) continue;
             if (add_record(&records, &record) < 0) { free(records.items); return NULL; }
         }
     }
@@ -115,6 +116,35 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
                                                  (Py_ssize_t)(records.count * sizeof(sl_file_record)));
     free(records.items);
     return result;
+}
+
+/* unlocked_file_records(fds) -> bytes: the records (offset -1) of the regular files among `fds` (a
+ * tuple) open read-only whose description holds no exclusive flock or OFD lock (see file_locks.c).
+ * The parent's, once per loader start, for the files its objects hold: one pass, where
+ * exclusively_locked and file_records took two (each file's kernel objects looked up twice). */
+PyObject *sl_unlocked_file_records(PyObject *Py_UNUSED(self), PyObject *fds) {
+    if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
+    records_t records = {0};
+    int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
+        long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
+        if (fd == -1 && PyErr_Occurred()) goto error;
+        sl_file_record record;
+        if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, 1, &record, 0)) continue;
+        char info[40];
+        snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
+        if (sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info)) continue;
+        if (add_record(&records, &record) < 0) goto error;
+    }
+    if (info_dir >= 0) close(info_dir);
+    PyObject *result = PyBytes_FromStringAndSize((const char *)records.items,
+                                                 (Py_ssize_t)(records.count * sizeof(sl_file_record)));
+    free(records.items);
+    return result;
+error:
+    if (info_dir >= 0) close(info_dir);
+    free(records.items);
+    return NULL;
 }
 
 /* file_offsets(records) -> bytes: `records` (file_records' bytes, made once per loader start), each

@@ -185,6 +185,13 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
 
 
+def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
+    """``file_records(fds, True)`` with offsets -1, less the descriptions ``exclusively_locked`` finds."""
+    locked = set(exclusively_locked(fds))
+    kept = file_records(tuple(fd for fd in fds if fd not in locked), True)
+    return b"".join(_RECORD.pack(fd, dev, ino, -1) for fd, dev, ino, _ in _RECORD.iter_unpack(kept))
+
+
 def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
     """A fresh read-only descriptor of the file ``found`` (an fstat) by ``path``, or -1 where the path
     names another file now. Opened non-blocking (a FIFO put in its place must not hang the worker)."""

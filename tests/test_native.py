@@ -209,6 +209,7 @@ NATIVE_FUNCTIONS = (
     "regular_file_offsets",
     "file_records",
     "file_offsets",
+    "unlocked_file_records",
     "privatize_files",
     "exclusively_locked",
     "reserve_descriptor_slots",

@@ -152,13 +152,9 @@ def _unlocked_read_only_files(fds: tuple[int, ...]) -> bytes:
     would block on the parent's lock). Once per start, in the parent: its workers then neither look
     at the others nor read each description's locks (about 2 us a file in the kernel, each
     worker's). A lock taken or released in the parent while the start forks its workers is seen at
-    the next start. The locks are read first, of every held descriptor (the few that are not
-    read-only files cost a read each): the records then need no second pass over their numbers."""
-    locked = native.exclusively_locked(fds)
-    if locked:
-        left = set(locked)
-        fds = tuple(fd for fd in fds if fd not in left)
-    return native.file_records(fds, True)
+    the next start. One pass (``native.unlocked_file_records``): each file's fstat, flags and
+    /proc/self/fdinfo entry; its offset is read at each fork (``native.file_offsets``)."""
+    return native.unlocked_file_records(fds)
 
 
 def _fds_of(records: bytes) -> tuple[int, ...]:

@@ -333,6 +333,18 @@ def privatize_files():
     # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
     fds = tuple(files.values())
     assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
+    # unlocked_file_records: in one pass, the read-only regular files less the locked one (a pipe, a
+    # closed number and a negative one among them: left out), each at offset -1.
+    r, w = os.pipe()
+    os.close(w)
+    asked = (*fds, r, w, -1)
+    a = _native.unlocked_file_records(asked)
+    assert a == _native_fallback.unlocked_file_records(asked), (_records(a), asked)
+    names = {fd: name for name, fd in files.items()}
+    assert sorted(names[fd] for fd in _records(a)) == sorted(
+        name for name in files if name not in ("writable", "locked")), _records(a)
+    assert {offset for _, _, offset in _records(a).values()} == {-1}, _records(a)
+    os.close(r)
     for fd, offset in before.items():
         os.lseek(fd, offset, os.SEEK_SET)
     a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False, paths=paths)
@@ -344,12 +356,13 @@ def privatize_files():
     # record names another inode) is left shared, not reopened as the file it names now.
     assert eval(a)[0] == ["at_50", "inheritable", "locked", "replaced", "shared_lock"], a
     for impl in (_native, _native_fallback):
-        try:
-            impl.exclusively_locked(list(fds))
-        except TypeError as exc:
-            assert "fds must be a tuple" in str(exc), exc
-        else:
-            raise AssertionError(f"{impl.__name__} took a list")
+        for function in (impl.exclusively_locked, impl.unlocked_file_records):
+            try:
+                function(list(fds))
+            except TypeError as exc:
+                assert "fds must be a tuple" in str(exc), exc
+            else:
+                raise AssertionError(f"{impl.__name__}.{function.__name__} took a list")
         try:
             impl.privatize_files(records[:-1], (), (), True, ())
         except ValueError as exc:
