@@ -170,21 +170,36 @@ PyObject *sl_file_offsets(PyObject *Py_UNUSED(self), PyObject *arg) {
     return result;
 }
 
+/* The pair `at` of `paths`: its fd in `*fd` and its path ("" where not bytes without a NUL), or NULL
+ * where it is not an (int, ...) pair. */
+static const char *path_at(PyObject *paths, Py_ssize_t at, long *fd) {
+    PyObject *pair = PyTuple_GET_ITEM(paths, at);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0))) return NULL;
+    *fd = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
+    if (*fd == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+    PyObject *path = PyTuple_GET_ITEM(pair, 1);
+    return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
+               ? PyBytes_AS_STRING(path) : "";
+}
+
 /* The path `paths` (a tuple of (fd, bytes) sorted by fd) gives for `fd`, or NULL (none, or not
- * that shape: each item read, none made or written). */
-static const char *path_of(PyObject *paths, int fd) {
+ * that shape: each item read, none made or written). `*next`: where the pair after the last one
+ * found lies. The records come sorted by fd as `paths`
+ * do: that pair is tried first (one look, not a search, for each of thousands of files). */
+static const char *path_of(PyObject *paths, int fd, Py_ssize_t *next) {
     Py_ssize_t low = 0, high = PyTuple_GET_SIZE(paths);
+    long value = -1;
+    const char *path;
+    if (*next < high && (path = path_at(paths, *next, &value)) != NULL && value == fd) {
+        *next += 1;
+        return *path ? path : NULL;
+    }
     while (low < high) {
         Py_ssize_t middle = low + (high - low) / 2;
-        PyObject *pair = PyTuple_GET_ITEM(paths, middle);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)))
-            return NULL;
-        long value = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
-        if (value == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+        if ((path = path_at(paths, middle, &value)) == NULL) return NULL;
         if (value == fd) {
-            PyObject *path = PyTuple_GET_ITEM(pair, 1);
-            return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
-                       ? PyBytes_AS_STRING(path) : NULL;
+            *next = middle + 1;
+            return *path ? path : NULL;
         }
         if (value < fd) low = middle + 1;
         else high = middle;
@@ -199,8 +214,8 @@ static const char *path_of(PyObject *paths, int fd) {
  * entries are the new process's, made on first use). Opened non-blocking and without a
  * controlling terminal, so that a FIFO or device put at the path since does not hang the worker or
  * take its terminal; a regular file's O_NONBLOCK is then set as the original's. */
-static int open_by_path(PyObject *paths, int fd, int flags, const struct stat *found) {
-    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd) : NULL;
+static int open_by_path(PyObject *paths, Py_ssize_t *next, int fd, int flags, const struct stat *found) {
+    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd, next) : NULL;
     if (path == NULL) return -1;
     int fresh = open(path, O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fresh < 0) return -1;
@@ -259,7 +274,7 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     long *skip = NULL, *virtual_devices = NULL;
     int *done = NULL, *failures = NULL;
     int fd_dir = -1, info_dir = -1;
-    Py_ssize_t skips = 0, virtuals = 0, done_count = 0, failed_count = 0;
+    Py_ssize_t skips = 0, virtuals = 0, done_count = 0, failed_count = 0, next_path = 0;
     if (buffer.len % (Py_ssize_t)sizeof(sl_file_record) != 0) {
         PyErr_SetString(PyExc_ValueError, "records must be file_records' bytes");
         goto out;
@@ -305,7 +320,7 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         if (!same || offset < 0) offset = lseek(fd, 0, SEEK_CUR);
         int error = 0, fresh = -1;
         if (offset < 0) error = errno;
-        else if ((fresh = open_by_path(paths, fd, flags, &st)) < 0 &&
+        else if ((fresh = open_by_path(paths, &next_path, fd, flags, &st)) < 0 &&
                  (fresh = openat(fd_dir >= 0 ? fd_dir : AT_FDCWD, fd_dir >= 0 ? name : entry,
                                  O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC)) < 0)
             error = errno;
