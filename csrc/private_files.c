@@ -1,7 +1,8 @@
 /*
  * The "files" hook's work on descriptors (safeloader/backends/files.py, _reopen.py): what the parent
- * records of the regular files a worker inherits (file_records), and the worker's own open file
- * description of each one open read-only, installed under the same number (privatize_files).
+ * records of the regular files a worker inherits (file_records; for a loader's held files
+ * unlocked_file_records once per start, and file_offsets at each fork), and the worker's own open
+ * file description of each one open read-only, installed under the same number (privatize_files).
  *
  * Why native: a Dataset may hold thousands of files (shards opened in __init__). In Python each
  * one cost the parent about 4 us per fork (an fstat, fcntl and lseek, and their objects) and each
@@ -10,10 +11,10 @@
  * worker shares with its parent (a copy-on-write fault each): 4,000 files took about 160 ms of CPU
  * per worker. Here a worker makes no Python object per file, and the parent hands it one bytes
  * object. What is left is the kernel's: each worker's reopen (by path where the parent knows it,
- * about 5 us a file, else through /proc/self/fd, about 8), and reading each description's locks
- * from /proc/self/fdinfo (about 8 us a file: once per start in the parent, exclusively_locked,
- * for the files a loader's objects hold; in the worker, check_locks, where every read-only file is
- * privatized). 4,000 files: about 25 ms of CPU per worker and 35 per start.
+ * about 3 us a file, else through /proc/self/fd), reading each description's locks from
+ * /proc/self/fdinfo (file_locks.c, about 2-3 us a file: once per start in the parent for the
+ * files a loader's objects hold; in the worker, check_locks, where every read-only file is
+ * privatized), and one lseek a file at each fork in the parent.
  *
  * A record is `sl_file_record`, packed in a bytes object (the Python side reads it with the
  * struct format "=qQQq", _reopen.RECORD): the descriptor, its file's st_dev and st_ino, and its
