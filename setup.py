@@ -44,6 +44,7 @@ setup(
                 "csrc/proc_entries.c",
                 "csrc/descriptors.c",
                 "csrc/private_files.c",
+                "csrc/file_locks.c",
                 "csrc/signals.c",
                 "csrc/backtrace.c",
                 "csrc/python_frames.c",

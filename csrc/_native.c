@@ -14,9 +14,10 @@
  *   of the open descriptors; descriptor_kinds(), whether a read-only file or a TCP socket is
  *   open, allocating nothing (between a loader start's forks); reserve_descriptor_slots(), grow
  *   the descriptor table ahead of need (safeloader/_fd_table.py).
- * - private_files.c: file_records(), what the parent records of the regular files a worker
- *   inherits, and privatize_files(), the worker's own open file description of each read-only
- *   one (the "files" hook: a Dataset may hold thousands).
+ * - private_files.c: file_records(), unlocked_file_records() and file_offsets(), what the parent records of the regular
+ *   files a worker inherits, and privatize_files(), the worker's own open file description of
+ *   each read-only one (the "files" hook: a Dataset may hold thousands).
+ * - file_locks.c: exclusively_locked(), the descriptions holding an exclusive flock or OFD lock.
  * - proc_entries.c: the allocation-free listing of /proc/self/task and /proc/self/fd that
  *   threads_within and descriptor_kinds share.
  * - signals.c: signal_handler_address() tells whether a signal is free (a handler installed
@@ -120,6 +121,14 @@ static PyMethodDef methods[] = {
      "file_records($module, fds, read_only, /)\n--\n\n"
      "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
      "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
+    {"unlocked_file_records", sl_unlocked_file_records, METH_O,
+     "unlocked_file_records($module, fds, /)\n--\n\n"
+     "The records (file_records', offset -1) of the regular files among `fds` (a tuple) open read-only "
+     "whose open file description holds no exclusive flock or OFD lock."},
+    {"file_offsets", sl_file_offsets, METH_O,
+     "file_offsets($module, records, /)\n--\n\n"
+     "`records` (file_records' bytes), each with the offset its descriptor has now (-1: closed, or "
+     "cannot seek); st_dev and st_ino as given."},
     {"privatize_files", sl_privatize_files, METH_VARARGS,
      "privatize_files($module, records, skip, virtual_devices, check_locks, paths, /)\n--\n\n"
      "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -76,8 +77,9 @@ static PyObject *list_descriptors(int offsets) {
  * The parent asks before each worker fork whether the fork hooks that privatize files and sever
  * connections have anything to do there; when they do not, their worker runs none of their code.
  * Allocates nothing (sl_each_proc_entry). A kind already seen is not asked again of the kernel (a
- * parent holding thousands of files: one fcntl, not one a file), and the listing stops once every
- * kind of `until` is seen (`any`: once one of them is). */
+ * parent holding thousands of files: one fcntl, not one a file; once no kind of file is left to
+ * find, one getsockopt a descriptor, not an fstat), and the listing stops once every kind of
+ * `until` is seen (`any`: once one of them is). */
 #define EVERY_KIND 7L
 
 struct kinds {
@@ -85,10 +87,26 @@ struct kinds {
     int any;
 };
 
+static int socket_kind(int fd) {
+    int domain = 0, type = 0;
+    socklen_t size = sizeof domain;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 0;  /* ENOTSOCK, EBADF */
+    size = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 0;
+    return (domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM ? 4 : 0;
+}
+
 static int add_kind(long fd, int own, void *data) {
     struct kinds *found = data;
+    if (fd == own) return 1;  /* the listing's own */
+    if (!(found->until & ~found->kinds & 3)) {
+        /* No kind of file left to look for (a parent holding thousands of files, asked for sockets):
+         * getsockopt answers ENOTSOCK for a file without the fstat (a quarter of its cost). */
+        found->kinds |= socket_kind((int)fd);
+        return (found->any ? (found->kinds & found->until) != 0 : (found->kinds & found->until) == found->until) ? 0 : 1;
+    }
     struct stat st;
-    if (fd == own || fstat((int)fd, &st) != 0) return 1;  /* the listing's own, or closed meanwhile */
+    if (fstat((int)fd, &st) != 0) return 1;  /* closed meanwhile */
     if (S_ISREG(st.st_mode)) {
         found->kinds |= 2;
         if (!(found->kinds & 1)) {
@@ -96,20 +114,44 @@ static int add_kind(long fd, int own, void *data) {
             if (flags >= 0 && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH)) found->kinds |= 1;
         }
     } else if (S_ISSOCK(st.st_mode) && !(found->kinds & 4)) {
-        int domain = 0, type = 0;
-        socklen_t size = sizeof domain;
-        if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0) return 1;
-        size = sizeof type;
-        if (getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0) return 1;
-        if ((domain == AF_INET || domain == AF_INET6) && type == SOCK_STREAM) found->kinds |= 4;
+        found->kinds |= socket_kind((int)fd);
     }
     long seen = found->kinds & found->until;
     return (found->any ? seen != 0 : seen == found->until) ? 0 : 1;
 }
 
+/* The size of this process's descriptor table (every open descriptor is below it: /proc/self/status'
+ * FDSize), or -1 where unreadable. */
+static long table_size(void) {
+    int file = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (file < 0) return -1;
+    char text[4096];
+    ssize_t length = read(file, text, sizeof text - 1);
+    close(file);
+    if (length <= 0) return -1;
+    text[length] = '\0';
+    const char *field = strstr(text, "\nFDSize:");
+    return field == NULL ? -1 : strtol(field + 8, NULL, 10);
+}
+
+/* From this many open descriptors on, a dense table is probed number by number (a failed fstat or
+ * getsockopt on a free number costs a fifth of listing an entry of /proc/self/fd, more on the
+ * first listing in a process, where the kernel makes each entry). */
+#define PROBE_FROM 1024
+
 long sl_descriptor_kinds(long until, int any) {
     struct kinds found = {0, until & EVERY_KIND, any};
     if (found.until == 0) return 0;
+    /* Since Linux 6.2 the size of /proc/self/fd is the number of open descriptors (0 before). */
+    struct stat listing;
+    if (stat("/proc/self/fd", &listing) == 0 && listing.st_size >= PROBE_FROM) {
+        long size = table_size();
+        if (size > 0 && size <= 4 * (long)listing.st_size) {  /* dense: a table of 4,096 for 4,000 files */
+            for (long fd = 0; fd < size && fd <= INT_MAX; fd++)
+                if (add_kind(fd, -1, &found) == 0) break;
+            return found.kinds;
+        }
+    }
     return sl_each_proc_entry("/proc/self/fd", add_kind, &found) < 0 ? -1 : found.kinds;
 }
 

@@ -1,7 +1,8 @@
 /*
  * The "files" hook's work on descriptors (safeloader/backends/files.py, _reopen.py): what the parent
- * records of the regular files a worker inherits (file_records), and the worker's own open file
- * description of each one open read-only, installed under the same number (privatize_files).
+ * records of the regular files a worker inherits (file_records; for a loader's held files
+ * unlocked_file_records once per start, and file_offsets at each fork), and the worker's own open
+ * file description of each one open read-only, installed under the same number (privatize_files).
  *
  * Why native: a Dataset may hold thousands of files (shards opened in __init__). In Python each
  * one cost the parent about 4 us per fork (an fstat, fcntl and lseek, and their objects) and each
@@ -10,10 +11,10 @@
  * worker shares with its parent (a copy-on-write fault each): 4,000 files took about 160 ms of CPU
  * per worker. Here a worker makes no Python object per file, and the parent hands it one bytes
  * object. What is left is the kernel's: each worker's reopen (by path where the parent knows it,
- * about 5 us a file, else through /proc/self/fd, about 8), and reading each description's locks
- * from /proc/self/fdinfo (about 8 us a file: once per start in the parent, exclusively_locked,
- * for the files a loader's objects hold; in the worker, check_locks, where every read-only file is
- * privatized). 4,000 files: about 25 ms of CPU per worker and 35 per start.
+ * about 3 us a file, else through /proc/self/fd), reading each description's locks from
+ * /proc/self/fdinfo (file_locks.c, about 2-3 us a file: once per start in the parent for the
+ * files a loader's objects hold; in the worker, check_locks, where every read-only file is
+ * privatized), and one lseek a file at each fork in the parent.
  *
  * A record is `sl_file_record`, packed in a bytes object (the Python side reads it with the
  * struct format "=qQQq", _reopen.RECORD): the descriptor, its file's st_dev and st_ino, and its
@@ -42,15 +43,16 @@ typedef struct {
 
 static int read_only(int flags) { return (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH); }
 
-/* The record of `fd` if it is a regular file (open read-only, with `only_read_only`): 1, else 0. */
-static int record_of(int fd, int only_read_only, sl_file_record *record) {
+/* The record of `fd` if it is a regular file (open read-only, with `only_read_only`): 1, else 0.
+ * Its offset: -1 without `with_offset`. */
+static int record_of(int fd, int only_read_only, sl_file_record *record, int with_offset) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;  /* closed, or not a regular file */
     if (only_read_only) {
         int flags = fcntl(fd, F_GETFL);
         if (flags < 0 || !read_only(flags)) return 0;
     }
-    off_t offset = lseek(fd, 0, SEEK_CUR);
+    off_t offset = with_offset ? lseek(fd, 0, SEEK_CUR) : -1;
     record->fd = fd;
     record->dev = (uint64_t)st.st_dev;
     record->ino = (uint64_t)st.st_ino;
@@ -84,7 +86,7 @@ struct every {
 static int record_listed(long fd, int own, void *data) {
     struct every *every = data;
     sl_file_record record;
-    if (fd == own || !record_of((int)fd, every->only_read_only, &record)) return 1;
+    if (fd == own || !record_of((int)fd, every->only_read_only, &record, 1)) return 1;
     return add_record(every->records, &record) < 0 ? -1 : 1;
 }
 
@@ -107,7 +109,7 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
             long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
             if (fd == -1 && PyErr_Occurred()) { free(records.items); return NULL; }
             sl_file_record record;
-            if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, only_read_only, &record)) continue;
+            if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, only_read_only, &record, 1)) continue;
             if (add_record(&records, &record) < 0) { free(records.items); return NULL; }
         }
     }
@@ -117,111 +119,88 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
     return result;
 }
 
-/* Whether `fd`'s open file description holds a write (exclusive) flock or OFD lock: such a
- * description is a lock, not a data handle, and a worker re-locking a private copy would block on
- * the parent's lock. Read from /proc/self/fdinfo/<fd> (`info`: that directory, or -1 and `name`
- * the full path), never from
- * /proc/locks: reading that takes the kernel's global file-lock semaphore for writing, which
- * waits for an RCU grace period (milliseconds, tens of them on a busy machine) and stalls every
- * lock call on the system. POSIX (fcntl) locks belong to the process, not to the description: a
- * worker holds none of them, and is not skipped. Unreadable: 0, as if unlocked. */
-static int holds_exclusive_lock(int info, const char *name) {
-    int file = openat(info >= 0 ? info : AT_FDCWD, name, O_RDONLY | O_CLOEXEC);
-    if (file < 0) return 0;
-    char stack[4096];
-    char *text = stack;
-    size_t size = sizeof stack, length = 0;
-    for (;;) {  /* a short read is the end: one read unless the description holds many locks */
-        if (length == size) {
-            size_t bigger = size * 4;
-            char *grown = text == stack ? malloc(bigger) : realloc(text, bigger);
-            if (grown == NULL) break;  /* look at what was read */
-            if (text == stack) memcpy(grown, stack, length);
-            text = grown;
-            size = bigger;
-        }
-        ssize_t count = read(file, text + length, size - length);
-        if (count < 0 && errno == EINTR) continue;
-        if (count < 0) { length = 0; break; }  /* unreadable: as if unlocked */
-        length += (size_t)count;
-        if (count == 0 || length < size) break;
-    }
-    close(file);
-    /* Each line: "lock:\t1: FLOCK  ADVISORY  WRITE <pid> <maj:min:inode> 0 EOF". */
-    int found = 0;
-    for (size_t start = 0; start < length && !found;) {
-        size_t end = start;
-        while (end < length && text[end] != '\n') end++;
-        const char *fields[5];
-        size_t sizes[5];
-        int count = 0, write = 0;
-        for (size_t at = start; at < end;) {
-            while (at < end && (text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
-                                text[at] == '\f'))
-                at++;
-            if (at == end) break;
-            size_t from = at;
-            while (at < end && !(text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\v' ||
-                                 text[at] == '\f'))
-                at++;
-            if (count < 5) { fields[count] = text + from; sizes[count] = at - from; }
-            if (at - from == 5 && memcmp(text + from, "WRITE", 5) == 0) write = 1;
-            count++;
-        }
-        if (count > 4 && write && sizes[0] == 5 && memcmp(fields[0], "lock:", 5) == 0 &&
-            ((sizes[2] == 5 && memcmp(fields[2], "FLOCK", 5) == 0) ||
-             (sizes[2] == 6 && memcmp(fields[2], "OFDLCK", 6) == 0)))
-            found = 1;
-        start = end + 1;
-    }
-    if (text != stack) free(text);
-    return found;
-}
-
-/* exclusively_locked(fds) -> tuple: the descriptors of `fds` (a tuple) whose open file description
- * holds an exclusive flock or OFD lock (holds_exclusive_lock), in the order given. The parent's,
- * once per start (safeloader/backends/files.py): its workers then need not read them each. */
-PyObject *sl_exclusively_locked(PyObject *Py_UNUSED(self), PyObject *fds) {
+/* unlocked_file_records(fds) -> bytes: the records (offset -1) of the regular files among `fds` (a
+ * tuple) open read-only whose description holds no exclusive flock or OFD lock (see file_locks.c).
+ * The parent's, once per loader start, for the files its objects hold: one pass, where
+ * exclusively_locked and file_records took two (each file's kernel objects looked up twice). */
+PyObject *sl_unlocked_file_records(PyObject *Py_UNUSED(self), PyObject *fds) {
     if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
-    PyObject *found = PyList_New(0);
-    if (found == NULL) return NULL;
+    records_t records = {0};
     int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
-        PyObject *item = PyTuple_GET_ITEM(fds, i);
-        long fd = PyLong_AsLong(item);
+        long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
         if (fd == -1 && PyErr_Occurred()) goto error;
-        if (fd < 0 || fd > INT32_MAX) continue;
+        sl_file_record record;
+        if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, 1, &record, 0)) continue;
         char info[40];
         snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
-        if (holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info) &&
-            PyList_Append(found, item) < 0)
-            goto error;
+        if (sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info)) continue;
+        if (add_record(&records, &record) < 0) goto error;
     }
     if (info_dir >= 0) close(info_dir);
-    PyObject *result = PyList_AsTuple(found);
-    Py_DECREF(found);
+    PyObject *result = PyBytes_FromStringAndSize((const char *)records.items,
+                                                 (Py_ssize_t)(records.count * sizeof(sl_file_record)));
+    free(records.items);
     return result;
 error:
     if (info_dir >= 0) close(info_dir);
-    Py_DECREF(found);
+    free(records.items);
     return NULL;
 }
 
+/* file_offsets(records) -> bytes: `records` (file_records' bytes, made once per loader start), each
+ * with the offset its descriptor has now (-1: closed, or cannot seek). The parent's, before each
+ * worker fork of the start: one lseek a file, where file_records adds an fstat (and, in the
+ * parent holding thousands of files, a second pass over them). The identity stays the start's:
+ * the worker privatizes a descriptor only while it still names that file (privatize_files). */
+PyObject *sl_file_offsets(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(arg, &buffer, PyBUF_SIMPLE) < 0) return NULL;
+    if (buffer.len % (Py_ssize_t)sizeof(sl_file_record) != 0) {
+        PyBuffer_Release(&buffer);
+        return PyErr_Format(PyExc_ValueError, "records must be file_records' bytes");
+    }
+    PyObject *result = PyBytes_FromStringAndSize(buffer.buf, buffer.len);
+    PyBuffer_Release(&buffer);
+    if (result == NULL) return NULL;
+    sl_file_record *records = (sl_file_record *)PyBytes_AS_STRING(result);
+    for (size_t i = 0; i < (size_t)PyBytes_GET_SIZE(result) / sizeof(sl_file_record); i++) {
+        off_t offset = records[i].fd < 0 || records[i].fd > INT32_MAX ? -1 : lseek((int)records[i].fd, 0, SEEK_CUR);
+        records[i].offset = offset < 0 ? -1 : (int64_t)offset;
+    }
+    return result;
+}
+
+/* The pair `at` of `paths`: its fd in `*fd` and its path ("" where not bytes without a NUL), or NULL
+ * where it is not an (int, ...) pair. */
+static const char *path_at(PyObject *paths, Py_ssize_t at, long *fd) {
+    PyObject *pair = PyTuple_GET_ITEM(paths, at);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0))) return NULL;
+    *fd = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
+    if (*fd == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+    PyObject *path = PyTuple_GET_ITEM(pair, 1);
+    return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
+               ? PyBytes_AS_STRING(path) : "";
+}
+
 /* The path `paths` (a tuple of (fd, bytes) sorted by fd) gives for `fd`, or NULL (none, or not
- * that shape: each item read, none made or written). */
-static const char *path_of(PyObject *paths, int fd) {
+ * that shape: each item read, none made or written). `*next`: where the pair after the last one
+ * found lies. The records come sorted by fd as `paths`
+ * do: that pair is tried first (one look, not a search, for each of thousands of files). */
+static const char *path_of(PyObject *paths, int fd, Py_ssize_t *next) {
     Py_ssize_t low = 0, high = PyTuple_GET_SIZE(paths);
+    long value = -1;
+    const char *path;
+    if (*next < high && (path = path_at(paths, *next, &value)) != NULL && value == fd) {
+        *next += 1;
+        return *path ? path : NULL;
+    }
     while (low < high) {
         Py_ssize_t middle = low + (high - low) / 2;
-        PyObject *pair = PyTuple_GET_ITEM(paths, middle);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)))
-            return NULL;
-        long value = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0));
-        if (value == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+        if ((path = path_at(paths, middle, &value)) == NULL) return NULL;
         if (value == fd) {
-            PyObject *path = PyTuple_GET_ITEM(pair, 1);
-            return PyBytes_Check(path) && (size_t)PyBytes_GET_SIZE(path) == strlen(PyBytes_AS_STRING(path))
-                       ? PyBytes_AS_STRING(path) : NULL;
+            *next = middle + 1;
+            return *path ? path : NULL;
         }
         if (value < fd) low = middle + 1;
         else high = middle;
@@ -236,8 +215,8 @@ static const char *path_of(PyObject *paths, int fd) {
  * entries are the new process's, made on first use). Opened non-blocking and without a
  * controlling terminal, so that a FIFO or device put at the path since does not hang the worker or
  * take its terminal; a regular file's O_NONBLOCK is then set as the original's. */
-static int open_by_path(PyObject *paths, int fd, int flags, const struct stat *found) {
-    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd) : NULL;
+static int open_by_path(PyObject *paths, Py_ssize_t *next, int fd, int flags, const struct stat *found) {
+    const char *path = PyTuple_GET_SIZE(paths) ? path_of(paths, fd, next) : NULL;
     if (path == NULL) return -1;
     int fresh = open(path, O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fresh < 0) return -1;
@@ -281,7 +260,8 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
  * reaches the file even if moved or deleted. Skipped: the descriptors
  * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
  * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
- * exclusively_locked), descriptions holding an exclusive lock. `privatized`: a tuple of the
+ * exclusively_locked), descriptions holding an exclusive lock; without it, descriptors that name
+ * another file than their record (the parent vetted the files recorded). `privatized`: a tuple of the
  * descriptors given their own description; `failed`: a tuple of (descriptor, errno) of those
  * that could not be (left shared as they were). */
 PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -295,7 +275,7 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     long *skip = NULL, *virtual_devices = NULL;
     int *done = NULL, *failures = NULL;
     int fd_dir = -1, info_dir = -1;
-    Py_ssize_t skips = 0, virtuals = 0, done_count = 0, failed_count = 0;
+    Py_ssize_t skips = 0, virtuals = 0, done_count = 0, failed_count = 0, next_path = 0;
     if (buffer.len % (Py_ssize_t)sizeof(sl_file_record) != 0) {
         PyErr_SetString(PyExc_ValueError, "records must be file_records' bytes");
         goto out;
@@ -321,6 +301,10 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         if (skips && bsearch(&key, skip, (size_t)skips, sizeof *skip, compare_fds) != NULL) continue;
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;  /* closed, or another kind of file since */
+        int same = record->dev == (uint64_t)st.st_dev && record->ino == (uint64_t)st.st_ino;
+        /* Without check_locks the records are the parent's vetted set (a loader's files, their locks
+         * read at the start): a number that names another file now is not one of them. */
+        if (!same && !check_locks) continue;
         int is_virtual = 0;
         for (Py_ssize_t v = 0; v < virtuals; v++) is_virtual |= (unsigned long)virtual_devices[v] == (unsigned long)st.st_dev;
         if (is_virtual) continue;
@@ -330,15 +314,14 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         snprintf(entry, sizeof entry, "/proc/self/fd/%d", fd);
         snprintf(info, sizeof info, "/proc/self/fdinfo/%d", fd);
         const char *name = strrchr(entry, '/') + 1;
-        if (check_locks && holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
+        if (check_locks && sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
         /* The parent's offset at the fork, where the descriptor still names that file: the parent runs
          * on while the worker starts, and may have moved the shared offset since. */
         off_t offset = record->offset;
-        if (record->dev != (uint64_t)st.st_dev || record->ino != (uint64_t)st.st_ino || offset < 0)
-            offset = lseek(fd, 0, SEEK_CUR);
+        if (!same || offset < 0) offset = lseek(fd, 0, SEEK_CUR);
         int error = 0, fresh = -1;
         if (offset < 0) error = errno;
-        else if ((fresh = open_by_path(paths, fd, flags, &st)) < 0 &&
+        else if ((fresh = open_by_path(paths, &next_path, fd, flags, &st)) < 0 &&
                  (fresh = openat(fd_dir >= 0 ? fd_dir : AT_FDCWD, fd_dir >= 0 ? name : entry,
                                  O_RDONLY | (flags & KEPT_STATUS_FLAGS) | O_CLOEXEC)) < 0)
             error = errno;

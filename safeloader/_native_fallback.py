@@ -138,6 +138,20 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return b"".join(records)
 
 
+def file_offsets(records: bytes) -> bytes:
+    """``records`` (file_records'), each with the offset its descriptor has now (-1: closed, or cannot seek)."""
+    if len(records) % _RECORD.size:
+        raise ValueError("records must be file_records' bytes")
+    found = []
+    for fd, dev, ino, _ in _RECORD.iter_unpack(records):
+        try:
+            offset = os.lseek(fd, 0, os.SEEK_CUR)
+        except (OSError, OverflowError):
+            offset = -1
+        found.append(_RECORD.pack(fd, dev, ino, offset))
+    return b"".join(found)
+
+
 def _holds_exclusive_lock(fd: int) -> bool:
     """Whether this descriptor's open file description holds a write flock or OFD lock, read from
     /proc/self/fdinfo/<fd> (never /proc/locks: see csrc/private_files.c). Unreadable: False."""
@@ -169,6 +183,13 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     if not isinstance(fds, tuple):
         raise TypeError(f"fds must be a tuple, got {type(fds).__name__}")
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
+
+
+def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
+    """``file_records(fds, True)`` with offsets -1, less the descriptions ``exclusively_locked`` finds."""
+    locked = set(exclusively_locked(fds))
+    kept = file_records(tuple(fd for fd in fds if fd not in locked), True)
+    return b"".join(_RECORD.pack(fd, dev, ino, -1) for fd, dev, ino, _ in _RECORD.iter_unpack(kept))
 
 
 def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
@@ -221,11 +242,12 @@ def privatize_files(
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         except OSError:  # closed since
             continue
-        if not _read_only(flags) or (check_locks and _holds_exclusive_lock(fd)):
-            continue
+        same = (dev, ino) == (found.st_dev, found.st_ino)
+        if not _read_only(flags) or (check_locks and _holds_exclusive_lock(fd)) or not (same or check_locks):
+            continue  # without check_locks, a number naming another file than its record is not one vetted
         fresh = -1
         try:
-            if (dev, ino) != (found.st_dev, found.st_ino) or offset < 0:
+            if not same or offset < 0:
                 offset = os.lseek(fd, 0, os.SEEK_CUR)
             fresh = _open_by_path(known[fd], flags, found) if fd in known else -1
             if fresh < 0:

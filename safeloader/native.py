@@ -35,6 +35,7 @@ __all__ = [
     "fast_fork_disarm",
     "fast_fork_in_child",
     "fast_fork_python_fork",
+    "file_offsets",
     "file_records",
     "foreign_thread_ids",
     "fork_generation",
@@ -55,6 +56,7 @@ __all__ = [
     "thread_ids",
     "thread_state",
     "threads_within",
+    "unlocked_file_records",
     "warm_backtrace",
 ]
 
@@ -99,6 +101,18 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     """``(fd, st_dev, st_ino, offset or -1)`` of the regular files among ``fds`` (None: every open
     descriptor; only those open read-only with ``read_only``), packed (struct ``"=qQQq"`` each)."""
     return _impl.file_records(fds, read_only)
+
+
+def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
+    """``file_records(fds, True)`` (offsets -1) less the descriptions holding an exclusive flock or
+    OFD lock (``exclusively_locked``), in one pass."""
+    return _impl.unlocked_file_records(fds)
+
+
+def file_offsets(records: bytes) -> bytes:
+    """``records`` (``file_records``'), each with the offset its descriptor has now (-1: closed, or
+    cannot seek): one lseek a file, the identities as recorded."""
+    return _impl.file_offsets(records)
 
 
 def privatize_files(

@@ -208,6 +208,8 @@ NATIVE_FUNCTIONS = (
     "descriptor_kinds",
     "regular_file_offsets",
     "file_records",
+    "file_offsets",
+    "unlocked_file_records",
     "privatize_files",
     "exclusively_locked",
     "reserve_descriptor_slots",

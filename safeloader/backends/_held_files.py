@@ -112,7 +112,7 @@ def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> froz
         # By type: an isinstance against an ABC (io.IOBase) asks the object for its __class__, which
         # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
         cls = type(node)
-        if issubclass(cls, io.IOBase):
+        if cls in _IO_CLASSES or issubclass(cls, io.IOBase):  # the set first: thousands of shards, each
             fd = _fileno(node)
             if fd is not None:
                 fds.add(fd)
@@ -159,6 +159,8 @@ def _walk(
         seen.add(id(node))
         visits.left -= 1
         yield node
+        if type(node) in _IO_CLASSES and _names_only(node):  # the common leaf, without _held_by's call
+            continue
         try:
             values = _held_by(node, numbers, hl_object, visits, probing)
             queue.extend(value for value in values if type(value) not in _LEAF_TYPES)
@@ -276,9 +278,13 @@ def _add_name(f: io.IOBase, fd: int, names: dict[int, bytes]) -> None:
     except Exception:  # none, or a property that raises
         return
     if isinstance(name, (str, bytes)) and name:
-        path = os.fsencode(name)
+        # os.fsencode's own encoding, without its Python-level call (a Dataset may hold thousands).
+        path = name.encode(_FS_ENCODING, _FS_ERRORS) if isinstance(name, str) else name
         if b"\0" not in path:
             names[fd] = path
+
+
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 def _is_regular_file(fd: int) -> bool:

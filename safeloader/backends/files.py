@@ -87,11 +87,12 @@ class FilesBackend(Backend):
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
         if isinstance(held, _Held):
-            # Each held descriptor (a regular file open read-only and unlocked at the start), as it is
-            # now, with its offset: for the worker, which checks each again (one closed and reused since).
-            records = native.file_records(held.fds, False) if held.fds else b""
-            if not records:
+            # Each held descriptor (a regular file open read-only and unlocked at the start) with its
+            # offset now (one lseek each: the file's identity is the start's). The worker checks each
+            # again, and leaves one that names another file now (closed and reused since).
+            if not held.records:
                 return self.NOTHING_TO_DO
+            records = native.file_offsets(held.records)
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
             return records, held.paths
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
@@ -119,15 +120,17 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
-                self._held[loader] = _Held((), ())
+                self._held[loader] = _Held(b"", ())
             else:
                 names: dict[int, bytes] = {}
                 held = _held_files.held_descriptors(loader, names)
                 if isinstance(held, str):
                     self._held[loader] = held
                 else:
-                    fds = _unlocked_read_only_files(held)
-                    self._held[loader] = _Held(fds, tuple((fd, names[fd]) for fd in fds if fd in names))
+                    fds = tuple(sorted(held))
+                    records = _unlocked_read_only_files(fds)
+                    kept = fds if len(records) == len(fds) * _reopen.RECORD.size else _fds_of(records)
+                    self._held[loader] = _Held(records, tuple((fd, names[fd]) for fd in kept if fd in names))
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -135,24 +138,27 @@ class FilesBackend(Backend):
 
 
 class _Held(NamedTuple):
-    """What a loader's objects held at its start: the descriptors (sorted) of regular files open
-    read-only and unlocked, and the paths the file objects among them were opened by (by fd)."""
+    """What a loader's objects held at its start: the records (``native.file_records``', sorted by
+    fd) of regular files open read-only and unlocked, and the paths the file objects among them
+    were opened by (by fd)."""
 
-    fds: tuple[int, ...]
+    records: bytes
     paths: _reopen.Paths
 
 
-def _unlocked_read_only_files(fds: frozenset[int]) -> tuple[int, ...]:
-    """Of ``fds``, sorted: the regular files open read-only whose description holds no exclusive
-    flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy would block on the
-    parent's lock). Once per start, in the parent: its workers then neither look at the others nor
-    read each description's locks (about 10 us a file in the kernel, each worker's: as much again
-    as its reopen). A lock taken or released in the parent while the start forks its workers is
-    seen at the next start."""
-    records = native.file_records(tuple(sorted(fds)), True)
-    found = tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
-    locked = set(native.exclusively_locked(found))
-    return tuple(fd for fd in found if fd not in locked) if locked else found
+def _unlocked_read_only_files(fds: tuple[int, ...]) -> bytes:
+    """The records of the regular files of ``fds`` (sorted) open read-only whose description holds
+    no exclusive flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy
+    would block on the parent's lock). Once per start, in the parent: its workers then neither look
+    at the others nor read each description's locks (about 2 us a file in the kernel, each
+    worker's). A lock taken or released in the parent while the start forks its workers is seen at
+    the next start. One pass (``native.unlocked_file_records``): each file's fstat, flags and
+    /proc/self/fdinfo entry; its offset is read at each fork (``native.file_offsets``)."""
+    return native.unlocked_file_records(fds)
+
+
+def _fds_of(records: bytes) -> tuple[int, ...]:
+    return tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
 
 
 BACKEND = FilesBackend()

@@ -10,12 +10,13 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
                         socket, a file read), also when asked for some kinds only: prints the bitmasks
                         in order
   file_records          both record the same regular files (only the read-only ones when asked), at
-                        their offsets
+                        their offsets; file_offsets: both give each record its descriptor's offset now
   privatize_files       in a fork each, both give the same descriptors their own description at the
                         recorded offset and skip the same ones (writable, locked, /proc, asked to skip);
                         with no descriptor left, both report each as failed; by path where it still
                         names the file, else (another file, a FIFO) as without; exclusively_locked: both
-                        find the locked one: prints "ok"
+                        find the locked one; without check_locks, a record naming another file is
+                        skipped: prints "ok"
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
@@ -142,6 +143,23 @@ def descriptor_kinds():
         f.close()
     os.close(path)
     seen.append(kinds())
+    # A dense table of more than 1,024 descriptors is probed number by number (where the kernel gives
+    # /proc/self/fd's size, the count open: Linux 6.2+), not listed: the same kinds, a TCP socket
+    # above the files and one a unix socket left below them included.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard >= 1400:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
+        read = open(sys.executable, "rb")
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        many = [os.dup(read.fileno()) for _ in range(1100)]
+        assert kinds() == 3 and _native.descriptor_kinds(4) == 0, os.stat("/proc/self/fd").st_size
+        tcp = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+        assert tcp.fileno() > max(many) and kinds() == 7 and _native.descriptor_kinds(4) == 4
+        for fd in many:
+            os.close(fd)
+        for f in (read, unix, tcp):
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     print(" ".join(map(str, seen)))
 
 
@@ -173,6 +191,25 @@ def file_records():
             assert "fds must be a tuple or None" in str(exc), exc
         else:
             raise AssertionError(f"{impl.__name__} took a list")
+    # file_offsets: the same records with each descriptor's offset now (-1: closed, or cannot seek),
+    # the identities as given (a made-up one kept: the worker compares it).
+    records = _native.file_records((read.fileno(), written.fileno()), False)
+    records += RECORD.pack(r, 1, 2, 0) + RECORD.pack(10_000, 3, 4, 5) + RECORD.pack(written.fileno(), 5, 6, 7)
+    read.seek(2000)
+    a, b = _native.file_offsets(records), _native_fallback.file_offsets(records)
+    assert a == b, (list(RECORD.iter_unpack(a)), list(RECORD.iter_unpack(b)))
+    st = os.fstat(read.fileno())
+    assert next(RECORD.iter_unpack(a)) == (read.fileno(), st.st_dev, st.st_ino, 2000), a
+    at = os.lseek(written.fileno(), 0, os.SEEK_CUR)
+    assert [offset for _, _, _, offset in RECORD.iter_unpack(a)][1:] == [at, -1, -1, at], a
+    assert [(dev, ino) for _, dev, ino, _ in RECORD.iter_unpack(a)][2:] == [(1, 2), (3, 4), (5, 6)], a
+    for impl in (_native, _native_fallback):
+        try:
+            impl.file_offsets(records[:-1])
+        except ValueError as exc:
+            assert "file_records' bytes" in str(exc), exc
+        else:
+            raise AssertionError(f"{impl.__name__} took a cut record")
     print("ok")
 
 
@@ -296,6 +333,18 @@ def privatize_files():
     # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
     fds = tuple(files.values())
     assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
+    # unlocked_file_records: in one pass, the read-only regular files less the locked one (a pipe, a
+    # closed number and a negative one among them: left out), each at offset -1.
+    r, w = os.pipe()
+    os.close(w)
+    asked = (*fds, r, w, -1)
+    a = _native.unlocked_file_records(asked)
+    assert a == _native_fallback.unlocked_file_records(asked), (_records(a), asked)
+    names = {fd: name for name, fd in files.items()}
+    assert sorted(names[fd] for fd in _records(a)) == sorted(
+        name for name in files if name not in ("writable", "locked")), _records(a)
+    assert {offset for _, _, offset in _records(a).values()} == {-1}, _records(a)
+    os.close(r)
     for fd, offset in before.items():
         os.lseek(fd, offset, os.SEEK_SET)
     a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False, paths=paths)
@@ -303,14 +352,17 @@ def privatize_files():
         os.lseek(fd, offset, os.SEEK_SET)
     b = _privatize_in_a_fork(_native_fallback, records, skip, virtual, files, check_locks=False, paths=paths)
     assert a == b, (a, b)
-    assert eval(a)[0] == ["at_50", "inheritable", "locked", "moved_since", "replaced", "shared_lock"], a
+    # The records are the parent's vetted set: one whose descriptor names another file now (moved_since's
+    # record names another inode) is left shared, not reopened as the file it names now.
+    assert eval(a)[0] == ["at_50", "inheritable", "locked", "replaced", "shared_lock"], a
     for impl in (_native, _native_fallback):
-        try:
-            impl.exclusively_locked(list(fds))
-        except TypeError as exc:
-            assert "fds must be a tuple" in str(exc), exc
-        else:
-            raise AssertionError(f"{impl.__name__} took a list")
+        for function in (impl.exclusively_locked, impl.unlocked_file_records):
+            try:
+                function(list(fds))
+            except TypeError as exc:
+                assert "fds must be a tuple" in str(exc), exc
+            else:
+                raise AssertionError(f"{impl.__name__}.{function.__name__} took a list")
         try:
             impl.privatize_files(records[:-1], (), (), True, ())
         except ValueError as exc:
