@@ -1,5 +1,6 @@
 """The names of safeloader's own fork hooks (``disable_hooks=``, ``safeloader.disable``), kept for code
-importing them and for modules below the backends; each backend's module names its own (``NAME``)."""
+importing them and for modules below the backends; each backend's module names its own (``NAME``).
+No name of a backend without fork phases (npz): no hook has it, so ``disable_hooks`` refuses it."""
 
 WATCHDOG = "watchdog"
 FORKSTATE = "forkstate"
@@ -15,6 +16,5 @@ TORCH = "torch"
 GC = "gc"
 PIN_MEMORY = "pin_memory"
 EXECUTORS = "executors"
-NPZ = "npz"
 BLOSC2 = "blosc2"
 PYAV = "pyav"

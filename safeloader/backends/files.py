@@ -17,7 +17,7 @@ from .._options import Options
 from . import _descriptors, _held_files, _reopen
 from ._backend import Backend
 
-NAME = hook_names.FILES
+NAME = "files"
 SharedFileWarning = _reopen.SharedFileWarning
 
 
@@ -74,10 +74,12 @@ def reopen_file(path: str, buffered: bool, position: int, identity: _reopen.File
 
 
 class FilesBackend(Backend):
-    name = hook_names.FILES
+    name = NAME
     description = 'each worker reads the read-only files its Dataset holds (open(), npz, HDF5) at its own offset'
     # Before the plain backends' child hooks, which may read files through the descriptors it privatizes.
     first = True
+    # h5py's NAME through hook_names, not backends.h5py: h5py imports this module (its hazards name
+    # this hook), and importing it back would make an import cycle.
     runs_after = (hook_names.H5PY,)
 
     def __init__(self) -> None:
