@@ -9,10 +9,12 @@ from .descriptors import (
     descriptor_kinds,
     descriptor_table,
     exclusively_locked,
+    file_offsets,
     file_records,
     privatize_files,
     regular_file_offsets,
     reserve_descriptor_slots,
+    unlocked_file_records,
 )
 from .forks import (
     exit_handler_lock,
@@ -52,6 +54,7 @@ __all__ = [
     "fast_fork_disarm",
     "fast_fork_in_child",
     "fast_fork_python_fork",
+    "file_offsets",
     "file_records",
     "fork_generation",
     "free_signals",
@@ -70,5 +73,6 @@ __all__ = [
     "thread_ids",
     "thread_state",
     "threads_within",
+    "unlocked_file_records",
     "warm_backtrace",
 ]
