@@ -19,3 +19,60 @@ def test_threads_are_attributed_as_from_proc_self_maps_with_and_without_the_kern
     assert any("openblas" in os.path.basename(path or "") for path in found.values()), report
     assert found == report["without_query"] == report["from_maps"], report
     assert all(path is None or os.path.realpath(path) == path for path in found.values()), report
+
+
+def _unshare() -> list[str] | None:
+    """The command that runs a child in a user and PID namespace of its own, or None where this
+    machine allows none (unprivileged user namespaces off, no unshare)."""
+    import shutil
+    import subprocess
+
+    command = [shutil.which("unshare") or "unshare", "-Urpf", "--mount-proc", "--kill-child"]
+    try:
+        subprocess.run([*command, "true"], check=True, timeout=10, capture_output=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return command
+
+
+def test_a_thread_id_reused_by_another_librarys_thread_is_not_given_the_dead_threads_library(tiny_pool):
+    # A thread id is handed out again once its thread ended (pid_max can be 32768), and native pools'
+    # threads mostly keep the kernel name of the thread that made them. Keyed by (id, name), the owner
+    # of an OpenBLAS thread that a fork ended was inherited by the tiny_pool thread given its id
+    # (checked: "after" was numpy's OpenBLAS). Keyed by (id, start time), it is found anew. The reuse is
+    # real: the child chooses the next id in a PID namespace of its own.
+    from .subproc import _checked, _run, script_command
+
+    unshare = _unshare()
+    if unshare is None:
+        pytest.skip("no user and PID namespace for an unprivileged user here (unshare -Urpf)")
+    command, env = script_command("reused_thread_id.py", tiny_pool, env={"OPENBLAS_NUM_THREADS": "2"})
+    report = json.loads(_checked(_run([*unshare, *command], 45, env, None)).stdout)
+    assert report["names"][0] == report["names"][1], report  # the case (id, name) could not tell apart
+    assert "openblas" in os.path.basename(report["before"]), report
+    assert report["after"] == str(tiny_pool), report
+
+
+def test_an_owner_is_kept_per_thread_not_per_thread_id(monkeypatch):
+    # The same, made up, in this process (where no namespace is allowed, this still runs): one id, two
+    # threads one after the other (two start times), each blocked in its own library.
+    from safeloader.diagnostics import thread_owners
+
+    tid, libraries, starts = 4_000_000, ["/lib/first.so"], [1000]
+    monkeypatch.setattr(thread_owners, "library_of", lambda asked: libraries[0] if asked == tid else None)
+    monkeypatch.setattr(thread_owners, "_started", lambda asked: starts[0], raising=False)
+    assert thread_owners.owners(((tid, "python"),)) == {tid: "/lib/first.so"}
+    libraries[0], starts[0] = "/lib/second.so", 2000  # the first thread ended, its id reused
+    assert thread_owners.owners(((tid, "python"),)) == {tid: "/lib/second.so"}
+    assert thread_owners.owners(((tid, "python"),)) == {tid: "/lib/second.so"}  # and kept
+
+
+def test_owners_of_ended_threads_are_not_kept_for_ever(monkeypatch):
+    # A process whose libraries start and end threads all day: the entries of ended threads go.
+    from safeloader.diagnostics import thread_owners
+
+    monkeypatch.setattr(thread_owners, "library_of", lambda asked: "/lib/pool.so")
+    monkeypatch.setattr(thread_owners, "_started", lambda asked: asked, raising=False)
+    for tid in range(5_000_000, 5_002_000):  # one thread at a time, each ended before the next
+        assert thread_owners.owners(((tid, "python"),)) == {tid: "/lib/pool.so"}
+    assert len(thread_owners._owners[1]) <= thread_owners._KEPT + 1

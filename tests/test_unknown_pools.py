@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sysconfig
-from pathlib import Path
 
 import pytest
 
@@ -24,17 +21,7 @@ from .subproc import check_python, check_script, run_script
 
 pytestmark = pytest.mark.timeout(120)
 
-SOURCE = Path(__file__).parent / "native" / "tiny_pool.c"
 SQUARES = "[0, 1, 4, 9, 16, 25]"
-
-
-@pytest.fixture(scope="session")
-def tiny_pool(tmp_path_factory) -> Path:
-    library = tmp_path_factory.mktemp("native") / "libtinypool.so"
-    compiler = sysconfig.get_config_var("CC") or "cc"
-    command = [*compiler.split()[:1], "-shared", "-fPIC", "-O1", "-pthread", "-o", str(library), str(SOURCE)]
-    subprocess.run(command, check=True)
-    return library
 
 
 @pytest.mark.torch_baseline

@@ -110,8 +110,11 @@ def _vma_end(address: int) -> int | None:
 
 # Module state: the process's code segments and threads (a forked child starts over: _owners holds its pid).
 _segments: _Segments | None = None
-_owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it started in)
-_waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
+# A thread is keyed by its id and its start time: a thread id is reused once its thread ended (pid_max
+# can be 32768), and a new thread under an old id must not inherit the dead one's library.
+_owners: tuple[int, dict[tuple[int, int], str]] = (0, {})  # (pid, (tid, start) -> the object it started in)
+_waited: set[tuple[int, int]] = set()  # threads once waited for while running: never waited for again
+_KEPT = 256  # entries of threads not asked about kept at most (threads ended, or a caller's subset)
 
 
 def _memory(process: str, address: int, length: int) -> bytes:
@@ -212,24 +215,45 @@ def owners(threads: tuple[tuple[int, str], ...]) -> dict[int, str | None]:
         _owners, _waited = (os.getpid(), {}), set()
     known = _owners[1]
     found: dict[int, str | None] = {}
-    pending = list(threads)
+    keys: dict[int, tuple[int, int]] = {}
+    for tid, _ in threads:
+        start = _started(tid)
+        found[tid] = None
+        if start is not None:  # else it ended: no owner
+            keys[tid] = (tid, start)
+    pending = list(keys.values())
     for attempt in range(_RUNNING_RETRIES + 1):
         running = []
-        for tid, name in pending:
-            library = known.get((tid, name))
+        for key in pending:
+            library = known.get(key)
             if library is None:
-                library = library_of(tid)
+                library = library_of(key[0])
                 if library is not None:
-                    known[(tid, name)] = library
-                elif (tid, name) not in _waited and _is_running(tid):
-                    running.append((tid, name))
-            found[tid] = library
+                    known[key] = library
+                elif key not in _waited and _is_running(key[0]):
+                    running.append(key)
+            found[key[0]] = library
         if not running or attempt == _RUNNING_RETRIES:
             _waited.update(running)  # still running after the wait: busy, not spinning down
             break
         pending = running
         time.sleep(_RUNNING_PAUSE)
+    if len(known) + len(_waited) > len(keys) + _KEPT:  # ended threads' entries: not kept for ever
+        asked = set(keys.values())
+        _owners = (_owners[0], {key: library for key, library in known.items() if key in asked})
+        _waited = _waited & asked
     return found
+
+
+def _started(tid: int) -> int | None:
+    """When thread ``tid`` of this process started (clock ticks since boot: field 22 of its
+    ``stat``), or None where it ended. Two threads under one id cannot start within one tick: the
+    id would have to be handed out pid_max times meanwhile."""
+    try:
+        stat = native.read_proc(f"/proc/self/task/{tid}/stat", 1024)
+        return int(stat[stat.rindex(")") + 2 :].split(maxsplit=20)[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _is_running(tid: int) -> bool:
