@@ -76,3 +76,50 @@ def test_owners_of_ended_threads_are_not_kept_for_ever(monkeypatch):
     for tid in range(5_000_000, 5_002_000):  # one thread at a time, each ended before the next
         assert thread_owners.owners(((tid, "python"),)) == {tid: "/lib/pool.so"}
     assert len(thread_owners._owners[1]) <= thread_owners._KEPT + 1
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64's call encodings")
+def test_a_return_address_is_told_from_a_word_that_only_falls_in_code():
+    from safeloader.diagnostics.thread_owners import _after_call
+
+    def before(*code: int) -> bytes:  # the 8 bytes before an address, ending with ``code``
+        return bytes([0x90] * (8 - len(code)) + list(code))
+
+    calls = [
+        before(0xE8, 1, 2, 3, 4),  # call rel32
+        before(0xFF, 0xD0), before(0x41, 0xFF, 0xD3),  # call rax, call r11
+        before(0xFF, 0x10), before(0xFF, 0x50, 0x08), before(0xFF, 0x54, 0x24, 0x08),  # [rax], [rax+8], [rsp+8]
+        before(0xFF, 0x15, 1, 2, 3, 4), before(0xFF, 0x90, 1, 2, 3, 4),  # [rip+disp32], [rax+disp32]
+        before(0xFF, 0x94, 0x24, 1, 2, 3, 4), before(0xFF, 0x14, 0xC5, 1, 2, 3, 4),  # [rsp+disp32], [rax*8+disp32]
+    ]
+    assert all(_after_call(code) for code in calls)
+    others = [
+        before(), before(0xFF, 0xE0),  # jmp rax (a tail call: no return here)
+        before(0xFF, 0x50),  # call [rax+disp8] cut short: the address is inside it
+        before(0xFF, 0x15, 1, 2, 3), before(0xE8, 1, 2, 3), before(0x48, 0x89, 0xC7, 0xC3),  # mov; ret
+        bytes([0x7F, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00]),
+    ]
+    assert not any(_after_call(code) for code in others)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64's call encodings")
+def test_the_outermost_return_address_names_the_thread_not_a_stray_word_above_it():
+    # DuckDB's busy pool thread in a child of the warm interpreter (Python 3.13) held 0x7f6f00000001 above
+    # its own frames (an int beside a stack address's upper half): inside libtorch_cpu's code there, so
+    # the thread was counted as torch's, and DuckDB's pool as idle (its only busy thread). Made up here:
+    # two objects, a return address into the pool's, a stray word into torch's above it.
+    import struct
+
+    from safeloader.diagnostics import thread_owners
+
+    code = {0x1000_0010: bytes([0x90, 0x90, 0x90, 0xE8, 1, 2, 3, 4]), 0x7F6F_0000_0001: bytes(8)}
+
+    class Segments:
+        def name_at(self, address: int) -> str | None:
+            return {0x1000_0010: "/lib/libpool.so", 0x7F6F_0000_0001: "/lib/libtorch_cpu.so"}.get(address)
+
+        def after_call(self, address: int) -> bool:
+            return thread_owners._after_call(code[address])
+
+    stack = struct.pack("4P", 0x1000_0010, 42, 0x7F6F_0000_0001, 7)  # innermost first, as in memory
+    assert thread_owners._outermost_object(stack, Segments()) == "/lib/libpool.so"

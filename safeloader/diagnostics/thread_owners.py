@@ -26,6 +26,7 @@ class _Segments:
         self.ends: list[int] = []
         self.names: list[str] = []  # as the loader found them: resolved on first use (_resolved)
         self._resolved: dict[str, str | None] = {}
+        self._calls: dict[int, bool] = {}  # address -> whether a call instruction ends before it
         self.all_starts: list[int] = []  # every mapping (stacks included), from /proc/self/maps
         self.all_ends: list[int] = []
 
@@ -37,6 +38,7 @@ class _Segments:
             return
         segments = sorted(_loader_lock.section(native.code_segments))
         self._counters = counters
+        self._calls = {}
         self.starts = [start for start, _, _ in segments]
         self.ends = [end for _, end, _ in segments]
         self.names = [name for _, _, name in segments]
@@ -49,6 +51,20 @@ class _Segments:
         if name not in self._resolved:
             self._resolved[name] = _resolve(name)
         return self._resolved[name]
+
+    def after_call(self, address: int) -> bool:
+        """Whether ``address`` follows a call instruction (``_after_call``), its code read through
+        /proc/self/mem (an object unloaded meanwhile reads as an error, never a crash); kept per
+        address until the loaded objects change."""
+        found = self._calls.get(address)
+        if found is None:
+            try:
+                code = _memory("self", address - 8, 8) if address >= 8 else b""
+                found = len(code) == 8 and _after_call(code)
+            except OSError:
+                found = False
+            self._calls[address] = found
+        return found
 
     def mapping_end(self, address: int) -> int | None:
         end = _vma_end(address)
@@ -163,14 +179,56 @@ def _objects_on(data: bytes, segments: _Segments) -> list[str]:
 
 
 def _outermost_object(data: bytes, segments: _Segments) -> str | None:
-    """The last of ``_objects_on(data)``, found from the end: the outermost frames lie at the
-    top of the stack, so the walk stops within a few hundred words instead of reading them all."""
+    """The last of ``_objects_on(data)`` that is a return address, found from the end: the outermost
+    frames lie at the top of the stack, so the walk stops within a few hundred words instead of
+    reading them all. A word that only happens to fall in some object's code is skipped: DuckDB's
+    busy pool thread held 0x7f6f00000001 above its own frames (an int and a stack address's upper
+    half), inside libtorch_cpu's 280 MB of code there, and was counted as torch's thread."""
     count = len(data) // _POINTER
     for word in reversed(struct.unpack(f"{count}P", data[: count * _POINTER])):
         name = segments.name_at(word)
-        if name is not None and not is_system(name, False):
+        if name is not None and not is_system(name, False) and segments.after_call(word):
             return name
     return None
+
+
+_MACHINE = os.uname().machine
+
+
+def _after_call(code: bytes) -> bool:
+    """Whether ``code``, the 8 bytes before an address, ends with a call instruction (the address
+    is then a return address): x86-64's call rel32 or call r/m64 (any addressing form, its length
+    checked), AArch64's bl or blr (with or without pointer authentication). True elsewhere."""
+    if _MACHINE in ("x86_64", "amd64"):
+        if code[3] == 0xE8:
+            return True
+        for length in (2, 3, 4, 6, 7):
+            opcode, modrm = code[8 - length], code[9 - length]
+            if opcode == 0xFF and (modrm >> 3) & 7 == 2 and _modrm_length(modrm, code, 10 - length) == length:
+                return True
+        return False
+    if _MACHINE in ("aarch64", "arm64"):
+        insn = int.from_bytes(code[4:], "little")
+        return (insn & 0xFC000000) == 0x94000000 or (insn & 0xFFFFFC1F) == 0xD63F0000 or (
+            insn & 0xFEFFF800) == 0xD63F0800
+    return True
+
+
+def _modrm_length(modrm: int, code: bytes, sib_at: int) -> int:
+    """The length of an ``FF /2`` call whose ModRM byte is ``modrm`` (its SIB byte, if any, at ``sib_at``)."""
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 2
+    sib = 1 if rm == 4 else 0
+    if mod == 1:
+        return 3 + sib
+    if mod == 2:
+        return 6 + sib
+    if rm == 5:
+        return 6  # RIP-relative, disp32
+    if sib and sib_at < len(code) and code[sib_at] & 7 == 5:
+        return 7  # SIB with no base: disp32
+    return 2 + sib
 
 
 def code_owner_at(address: int) -> str | None:
