@@ -104,22 +104,29 @@ def test_a_return_address_is_told_from_a_word_that_only_falls_in_code():
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64's call encodings")
 def test_the_outermost_return_address_names_the_thread_not_a_stray_word_above_it():
-    # DuckDB's busy pool thread in a child of the warm interpreter (Python 3.13) held 0x7f6f00000001 above
-    # its own frames (an int beside a stack address's upper half): inside libtorch_cpu's code there, so
+    # DuckDB's busy pool thread in a child of the warm interpreter (Python 3.13) held 0x7f6f00000001 among
+    # its outer frames (an int beside a stack address's upper half): inside libtorch_cpu's code there, so
     # the thread was counted as torch's, and DuckDB's pool as idle (its only busy thread). Made up here:
-    # two objects, a return address into the pool's, a stray word into torch's above it.
+    # a return address into the pool's object, a stray word into torch's above it, then glibc's thread
+    # start (a return address into libc), and above that the thread's descriptor, where the start
+    # routine a library passed to pthread_create counts though no call precedes it (pyarrow's threads).
     import struct
 
     from safeloader.diagnostics import thread_owners
 
-    code = {0x1000_0010: bytes([0x90, 0x90, 0x90, 0xE8, 1, 2, 3, 4]), 0x7F6F_0000_0001: bytes(8)}
+    call, other = bytes([0x90, 0x90, 0x90, 0xE8, 1, 2, 3, 4]), bytes(8)
+    objects = {0x1000_0010: ("/lib/libpool.so", call), 0x7F6F_0000_0001: ("/lib/libtorch_cpu.so", other),
+               0x2000_0010: ("/usr/lib/x86_64-linux-gnu/libc.so.6", call),
+               0x3000_0000: ("/lib/libarrow.so", other)}
 
     class Segments:
         def name_at(self, address: int) -> str | None:
-            return {0x1000_0010: "/lib/libpool.so", 0x7F6F_0000_0001: "/lib/libtorch_cpu.so"}.get(address)
+            return objects[address][0] if address in objects else None
 
         def after_call(self, address: int) -> bool:
-            return thread_owners._after_call(code[address])
+            return thread_owners._after_call(objects[address][1])
 
-    stack = struct.pack("4P", 0x1000_0010, 42, 0x7F6F_0000_0001, 7)  # innermost first, as in memory
-    assert thread_owners._outermost_object(stack, Segments()) == "/lib/libpool.so"
+    frames = [0x1000_0010, 42, 0x7F6F_0000_0001, 7, 0x2000_0010, 0]  # innermost first, as in memory
+    assert thread_owners._outermost_object(struct.pack("6P", *frames), Segments()) == "/lib/libpool.so"
+    started = struct.pack("8P", *frames, 0x3000_0000, 0)  # a start routine in the descriptor, above
+    assert thread_owners._outermost_object(started, Segments()) == "/lib/libarrow.so"

@@ -179,15 +179,26 @@ def _objects_on(data: bytes, segments: _Segments) -> list[str]:
 
 
 def _outermost_object(data: bytes, segments: _Segments) -> str | None:
-    """The last of ``_objects_on(data)`` that is a return address, found from the end: the outermost
-    frames lie at the top of the stack, so the walk stops within a few hundred words instead of
-    reading them all. A word that only happens to fall in some object's code is skipped: DuckDB's
-    busy pool thread held 0x7f6f00000001 above its own frames (an int and a stack address's upper
-    half), inside libtorch_cpu's 280 MB of code there, and was counted as torch's thread."""
+    """The last of ``_objects_on(data)`` that names the thread's code, found from the end: the
+    outermost frames lie at the top of the stack, so the walk stops within a few hundred words
+    instead of reading them all.
+
+    Above the C runtime's first return address (its thread start: glibc's ``start_thread``) lie the
+    thread's descriptor and static TLS, where any pointer into code counts: the start routine a
+    library passed to ``pthread_create`` is there (pyarrow's threads show libarrow only so). Below
+    it, in the frames, only a return address counts (``_Segments.after_call``): a word that merely
+    falls in some object's code is skipped. DuckDB's busy pool thread held 0x7f6f00000001 among its
+    outer frames (an int beside a stack address's upper half), inside libtorch_cpu's 280 MB of code
+    there, and was counted as torch's thread."""
     count = len(data) // _POINTER
+    in_frames = False
     for word in reversed(struct.unpack(f"{count}P", data[: count * _POINTER])):
         name = segments.name_at(word)
-        if name is not None and not is_system(name, False) and segments.after_call(word):
+        if name is None:
+            continue
+        if is_system(name, False):
+            in_frames = in_frames or segments.after_call(word)
+        elif not in_frames or segments.after_call(word):
             return name
     return None
 
