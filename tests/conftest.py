@@ -239,3 +239,18 @@ def clean_registry():
             (safeloader.disable if hook.name in disabled else safeloader.enable)(hook)
     safeloader.configure(**dataclasses.asdict(options))
     safeloader.uninstall()
+
+
+@pytest.fixture(scope="session")
+def tiny_pool(tmp_path_factory):
+    """tests/native/tiny_pool.c built with the system C compiler: a native pool no backend knows."""
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+
+    library = tmp_path_factory.mktemp("native") / "libtinypool.so"
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    source = Path(__file__).parent / "native" / "tiny_pool.c"
+    command = [*compiler.split()[:1], "-shared", "-fPIC", "-O1", "-pthread", "-o", str(library), str(source)]
+    subprocess.run(command, check=True)
+    return library

@@ -48,11 +48,7 @@ ROWS = {
 
 
 def cases(names) -> list:
-    # DuckDB's cases start from scratch: in a child forked from the warm interpreter (tests/subproc.py)
-    # on Python 3.13, DuckDB's pool threads were found to have taken no CPU in about half the runs
-    # (never in a fresh interpreter, never on 3.11; cause not found: see issue 39's notes).
-    return [pytest.param(name, marks=pytest.mark.fresh_interpreter) if name.startswith("duckdb") else name
-            for name in sorted(names)]
+    return sorted(names)
 
 
 def run_case(case: str, loader: str, tmp_path) -> dict:

@@ -27,6 +27,7 @@ class _Segments:
         self.ends: list[int] = []
         self.names: list[str] = []  # as the loader found them: resolved on first use (_resolved)
         self._resolved: dict[str, str | None] = {}
+        self._calls: dict[int, bool] = {}  # address -> whether a call instruction ends before it
         self.all_starts: list[int] = []  # every mapping (stacks included), from /proc/self/maps
         self.all_ends: list[int] = []
 
@@ -38,6 +39,7 @@ class _Segments:
             return
         segments = sorted(_loader_lock.section(native.code_segments))
         self._counters = counters
+        self._calls = {}
         self.starts = [start for start, _, _ in segments]
         self.ends = [end for _, end, _ in segments]
         self.names = [name for _, _, name in segments]
@@ -50,6 +52,20 @@ class _Segments:
         if name not in self._resolved:
             self._resolved[name] = _resolve(name)
         return self._resolved[name]
+
+    def after_call(self, address: int) -> bool:
+        """Whether ``address`` follows a call instruction (``_after_call``), its code read through
+        /proc/self/mem (an object unloaded meanwhile reads as an error, never a crash); kept per
+        address until the loaded objects change."""
+        found = self._calls.get(address)
+        if found is None:
+            try:
+                code = _memory("self", address - 8, 8) if address >= 8 else b""
+                found = len(code) == 8 and _after_call(code)
+            except OSError:
+                found = False
+            self._calls[address] = found
+        return found
 
     def mapping_end(self, address: int) -> int | None:
         end = _vma_end(address)
@@ -111,8 +127,11 @@ def _vma_end(address: int) -> int | None:
 
 # Module state: the process's code segments and threads (a forked child starts over: _owners holds its pid).
 _segments: _Segments | None = None
-_owners: tuple[int, dict[tuple[int, str], str]] = (0, {})  # (pid, (tid, name) -> the object it started in)
-_waited: set[tuple[int, str]] = set()  # threads once waited for while running: never waited for again
+# A thread is keyed by its id and its start time: a thread id is reused once its thread ended (pid_max
+# can be 32768), and a new thread under an old id must not inherit the dead one's library.
+_owners: tuple[int, dict[tuple[int, int], str]] = (0, {})  # (pid, (tid, start) -> the object it started in)
+_waited: set[tuple[int, int]] = set()  # threads once waited for while running: never waited for again
+_KEPT = 256  # entries of threads not asked about kept at most (threads ended, or a caller's subset)
 
 
 def _memory(process: str, address: int, length: int) -> bytes:
@@ -161,14 +180,67 @@ def _objects_on(data: bytes, segments: _Segments) -> list[str]:
 
 
 def _outermost_object(data: bytes, segments: _Segments) -> str | None:
-    """The last of ``_objects_on(data)``, found from the end: the outermost frames lie at the
-    top of the stack, so the walk stops within a few hundred words instead of reading them all."""
+    """The last of ``_objects_on(data)`` that names the thread's code, found from the end: the
+    outermost frames lie at the top of the stack, so the walk stops within a few hundred words
+    instead of reading them all.
+
+    Above the C runtime's first return address (its thread start: glibc's ``start_thread``) lie the
+    thread's descriptor and static TLS, where any pointer into code counts: the start routine a
+    library passed to ``pthread_create`` is there (pyarrow's threads show libarrow only so). Below
+    it, in the frames, only a return address counts (``_Segments.after_call``): a word that merely
+    falls in some object's code is skipped. DuckDB's busy pool thread held 0x7f6f00000001 among its
+    outer frames (an int beside a stack address's upper half), inside libtorch_cpu's 280 MB of code
+    there, and was counted as torch's thread."""
     count = len(data) // _POINTER
+    in_frames = False
     for word in reversed(struct.unpack(f"{count}P", data[: count * _POINTER])):
         name = segments.name_at(word)
-        if name is not None and not is_system(name, False):
+        if name is None:
+            continue
+        if is_system(name, False):
+            in_frames = in_frames or segments.after_call(word)
+        elif not in_frames or segments.after_call(word):
             return name
     return None
+
+
+_MACHINE = os.uname().machine
+
+
+def _after_call(code: bytes) -> bool:
+    """Whether ``code``, the 8 bytes before an address, ends with a call instruction (the address
+    is then a return address): x86-64's call rel32 or call r/m64 (any addressing form, its length
+    checked), AArch64's bl or blr (with or without pointer authentication). True elsewhere."""
+    if _MACHINE in ("x86_64", "amd64"):
+        if code[3] == 0xE8:
+            return True
+        for length in (2, 3, 4, 6, 7):
+            opcode, modrm = code[8 - length], code[9 - length]
+            if opcode == 0xFF and (modrm >> 3) & 7 == 2 and _modrm_length(modrm, code, 10 - length) == length:
+                return True
+        return False
+    if _MACHINE in ("aarch64", "arm64"):
+        insn = int.from_bytes(code[4:], "little")
+        return (insn & 0xFC000000) == 0x94000000 or (insn & 0xFFFFFC1F) == 0xD63F0000 or (
+            insn & 0xFEFFF800) == 0xD63F0800
+    return True
+
+
+def _modrm_length(modrm: int, code: bytes, sib_at: int) -> int:
+    """The length of an ``FF /2`` call whose ModRM byte is ``modrm`` (its SIB byte, if any, at ``sib_at``)."""
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 2
+    sib = 1 if rm == 4 else 0
+    if mod == 1:
+        return 3 + sib
+    if mod == 2:
+        return 6 + sib
+    if rm == 5:
+        return 6  # RIP-relative, disp32
+    if sib and sib_at < len(code) and code[sib_at] & 7 == 5:
+        return 7  # SIB with no base: disp32
+    return 2 + sib
 
 
 def code_owner_at(address: int) -> str | None:
@@ -216,18 +288,24 @@ def owners(threads: tuple[tuple[int, str], ...], before_waiting: Callable[[], ob
         _owners, _waited = (os.getpid(), {}), set()
     known = _owners[1]
     found: dict[int, str | None] = {}
-    pending = list(threads)
+    keys: dict[int, tuple[int, int]] = {}
+    for tid, _ in threads:
+        start = _started(tid)
+        found[tid] = None
+        if start is not None:  # else it ended: no owner
+            keys[tid] = (tid, start)
+    pending = list(keys.values())
     for attempt in range(_RUNNING_RETRIES + 1):
         running = []
-        for tid, name in pending:
-            library = known.get((tid, name))
+        for key in pending:
+            library = known.get(key)
             if library is None:
-                library = library_of(tid)
+                library = library_of(key[0])
                 if library is not None:
-                    known[(tid, name)] = library
-                elif (tid, name) not in _waited and _is_running(tid):
-                    running.append((tid, name))
-            found[tid] = library
+                    known[key] = library
+                elif key not in _waited and _is_running(key[0]):
+                    running.append(key)
+            found[key[0]] = library
         if not running or attempt == _RUNNING_RETRIES:
             _waited.update(running)  # still running after the wait: busy, not spinning down
             break
@@ -236,7 +314,22 @@ def owners(threads: tuple[tuple[int, str], ...], before_waiting: Callable[[], ob
             before_waiting()
             continue  # asked again at once: a thread that exited meanwhile is not waited for
         time.sleep(_RUNNING_PAUSE)
+    if len(known) + len(_waited) > len(keys) + _KEPT:  # ended threads' entries: not kept for ever
+        asked = set(keys.values())
+        _owners = (_owners[0], {key: library for key, library in known.items() if key in asked})
+        _waited = _waited & asked
     return found
+
+
+def _started(tid: int) -> int | None:
+    """When thread ``tid`` of this process started (clock ticks since boot: field 22 of its
+    ``stat``), or None where it ended. Two threads under one id cannot start within one tick: the
+    id would have to be handed out pid_max times meanwhile."""
+    try:
+        stat = native.read_proc(f"/proc/self/task/{tid}/stat", 1024)
+        return int(stat[stat.rindex(")") + 2 :].split(maxsplit=20)[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _is_running(tid: int) -> bool:

@@ -8,11 +8,17 @@ argv: ``torch`` or ``safeloader`` (whose DataLoader: 2 workers, defaults; safelo
   retries for ever at full CPU (torch's loader spins there without a word).
 - ``numpy``: items computing for 8 s each in numpy (matrix products, then a ``np.vectorize`` whose
   Python function numpy's C code calls back), the parent's OpenBLAS threads live; stall_timeout=30.
+  OpenBLAS stops its threads at every fork (its own fork handler), so the parent runs a matrix product
+  once the workers are forked: its threads are then live, and asleep (attributed), when the watchdog
+  looks at the busy workers. On stderr, a line ``samplings: {...}`` says what the spin detector did:
+  samplings with numpy's OpenBLAS among the parent's live libraries, samples taken, samples that found
+  numpy's C code calling back into the interpreter, spins named.
 
 Prints the items, or the error's type and message; the seconds from the loader's creation to the
 error on stderr.
 """
 
+import json
 import sys
 import time
 
@@ -63,7 +69,33 @@ class SlowNumpy(torch.utils.data.Dataset):
         return float(index)
 
 
+def count_samplings() -> dict[str, int]:
+    """What the spin detector does in this process (the workers' parent), counted around its two
+    functions: the test checks that the path it names ran, not only that nothing was reported."""
+    from safeloader.diagnostics import spin_samples
+
+    counts = {"samplings": 0, "samples": 0, "numpy_callbacks": 0, "spins": 0}
+    spinning_in, loop_library = spin_samples.spinning_in, spin_samples.loop_library
+
+    def counted_loop_library(frames):  # type: ignore[no-untyped-def]
+        library = loop_library(frames)
+        counts["samples"] += 1
+        counts["numpy_callbacks"] += library is not None and "/numpy/" in library
+        return library
+
+    def counted_spinning_in(sample, live):  # type: ignore[no-untyped-def]
+        if sample is not None and any("openblas" in path for path in live):
+            counts["samplings"] += 1
+        package = spinning_in(sample, live)
+        counts["spins"] += package is not None
+        return package
+
+    spin_samples.spinning_in, spin_samples.loop_library = counted_spinning_in, counted_loop_library
+    return counts
+
+
 if __name__ == "__main__":
+    counts = count_samplings() if which == "safeloader" and kind == "numpy" else None
     if kind == "zmq":
         dataset, keywords = Messages(), {"on_unsafe_fork": "warn"}
         assert dataset[0] == 6  # the parent's context is live: its I/O thread runs
@@ -76,7 +108,12 @@ if __name__ == "__main__":
             loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
         else:
             loader = safeloader.DataLoader(dataset, batch_size=None, num_workers=2, **keywords)
-        print(sorted(loader), flush=True)
+        iterator = iter(loader)  # the workers fork (OpenBLAS's fork handler stops the parent's threads)
+        if kind == "numpy":
+            np.ones((500, 500)) @ np.ones((500, 500))  # the parent's BLAS threads live again, then asleep
+        print(sorted(iterator), flush=True)
     except Exception as exc:
         print(f"{type(exc).__name__}: {exc}", flush=True)
         print(f"error after {time.monotonic() - started:.1f} s", file=sys.stderr)
+    if counts is not None:
+        print(f"samplings: {json.dumps(counts)}", file=sys.stderr)
