@@ -36,10 +36,20 @@ def busy_threads(marker: str, since: set[int] | None = None) -> int:
     found = 0
     for tid, library in thread_owners.owners(native.thread_census().foreign).items():
         if (library is not None and marker in library) or (library is None and since is not None and tid not in since):
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rpartition(")")[2].split()
-            found += int(fields[11]) + int(fields[12]) > 0  # utime + stime, in clock ticks
+            found += _took_cpu(tid)
     return found
+
+
+def _took_cpu(tid: int) -> bool:
+    # The thread's time on a CPU in nanoseconds (schedstat's first field): a worker's pool thread
+    # may run less than one clock tick, which utime + stime (in ticks) round to 0.
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) > 0
+    except (OSError, ValueError, IndexError):  # a kernel without schedstat: clock ticks
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return int(fields[11]) + int(fields[12]) > 0  # utime + stime
 
 
 def tokenizers_case() -> tuple[str, Callable[[int], object]]:
