@@ -21,12 +21,28 @@ from ._object_graph import find_instances
 
 NAME = "blosc2"
 
-__all__ = ["BACKEND", "NAME", "Blosc2PoolError"]
+__all__ = ["BACKEND", "NAME", "Blosc2PoolError", "resets_pools_in_child"]
 
 _EXTENSION = "blosc2_ext"
 """C-Blosc2's threads wait in this extension module (the C library is linked into it)."""
 _EXIT_WAIT = 0.05
 """Seconds a joined thread may still be listed by the kernel before it counts as alive."""
+RESETS_ITS_POOLS = (3, 6)
+"""C-Blosc2 from this release on (python-blosc2 4.15) starts its shared pools afresh in a forked
+child by itself (pthread_atfork handlers of its own; checked: 3.6.1 does, 3.3.5 hangs the worker):
+torch's own loader works there, and its pools cached in the parent are no hazard.
+tests/test_blosc2.py runs torch's loader to check this claim on whichever C-Blosc2 is installed."""
+
+
+def resets_pools_in_child() -> bool:
+    """Whether the loaded C-Blosc2 is one that starts its pools afresh in a forked child."""
+    import blosc2
+
+    try:
+        version = tuple(int(part) for part in str(blosc2.VERSION_STRING).split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return version >= RESETS_ITS_POOLS
 
 
 @dataclass
@@ -153,7 +169,9 @@ class Blosc2Backend(Backend):
         loader = ctx.loader
         known = self._schunks.get(loader, []) if loader is not None else []
         _lower(known, plan)
-        if not _pool_threads():
+        # A C-Blosc2 that resets its pools in the child keeps 3.x's shared pools cached in the parent
+        # whatever its contexts use: nothing to wait for, and nothing to refuse.
+        if resets_pools_in_child() or not _pool_threads():
             return plan
         everything = _all_schunks(blosc2_ext.SChunk)  # an array held outside the Dataset keeps a pool
         _lower(everything, plan)
