@@ -13,7 +13,8 @@
  * inside numpy or scipy (BLAS in progress, its job queued to the threads being stopped) has their
  * return addresses on its stack. The GIL is never released here (no Python code runs, no
  * Py_BEGIN_ALLOW_THREADS): a thread that is not checked yet, or that wakes after its check, cannot
- * run Python code meanwhile. Anything not as expected (a thread running, unreadable /proc, a stack
+ * run Python code meanwhile. A thread inside a signal handler (a signal frame: glibc's sigreturn
+ * trampoline on its stack) may resume interrupted code of any object: not parked. Anything not as expected (a thread running, unreadable /proc, a stack
  * over 8 MB, a thread state not bound to a thread yet, several interpreters, no GIL) -> no call.
  *
  * Why C: a Python-level sequence gives the GIL up at any bytecode boundary once another thread asks
@@ -22,6 +23,8 @@
 #include "native.h" /* first: Python.h (its pyconfig.h defines _GNU_SOURCE) */
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,8 +176,26 @@ static int blocked(long tid, char *line, size_t size, unsigned long long *sp, un
     return sscanf(before, " %llx %llx", sp, pc) == 2 ? 0 : -1;
 }
 
+/* Where a signal handler returns to (glibc's sigreturn trampoline, the same for every handler it
+ * installs), or 0: found on a stack, it marks a signal frame, whose saved context may resume any
+ * code (numpy's, interrupted) with no return address of that code on the stack. x86-64 only:
+ * elsewhere the kernel's own trampoline (the vDSO's) is used, and then no thread counts as parked. */
+static unsigned long long signal_return(void) {
+#if defined(__x86_64__)
+#ifndef SA_RESTORER
+#define SA_RESTORER 0x04000000 /* the kernel's (asm/signal.h); glibc's headers do not name it */
+#endif
+    for (int signum = 1; signum < NSIG; signum++) {
+        struct sigaction action;
+        if (sigaction(signum, NULL, &action) == 0 && (action.sa_flags & SA_RESTORER) && action.sa_restorer)
+            return (unsigned long long)(uintptr_t)action.sa_restorer;
+    }
+#endif
+    return 0;
+}
+
 /* Why thread `tid` is not parked in `interpreter`'s code (a static string), or NULL if it is. */
-static const char *not_parked(long tid, const regions_t *regions, int memory) {
+static const char *not_parked(long tid, const regions_t *regions, int memory, unsigned long long restorer) {
     char first[256], again[256];
     unsigned long long sp, pc, sp2, pc2;
     if (blocked(tid, first, sizeof first, &sp, &pc) < 0) return "a Python thread not blocked in a system call";
@@ -189,6 +210,7 @@ static const char *not_parked(long tid, const regions_t *regions, int memory) {
     for (size_t i = 0; why == NULL && i + sizeof(unsigned long long) <= size; i += sizeof(unsigned long long)) {
         unsigned long long word;
         memcpy(&word, data + i, sizeof word);
+        if (restorer != 0 && word == restorer) { why = "a Python thread in a signal handler"; break; }
         const region_t *region = region_at(regions, word);
         /* A call's return address follows it in the same mapping (a pointer to a mapping's
          * first bytes, such as the auxiliary vector's to the vDSO, is none). */
@@ -229,12 +251,14 @@ PyObject *sl_stop_if_parked(PyObject *Py_UNUSED(self), PyObject *args) {
     if (read_regions(&regions, interpreter) < 0) return PyUnicode_FromString("/proc/self/maps unreadable");
     int memory = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
     const char *why = memory < 0 ? "/proc/self/mem unreadable" : NULL;
+    unsigned long long restorer = signal_return();
+    if (restorer == 0) why = "no sigreturn trampoline known";
     PyThreadState *self_state = PyThreadState_Get();
     for (PyThreadState *state = PyInterpreterState_ThreadHead(PyInterpreterState_Get());
          why == NULL && state != NULL; state = PyThreadState_Next(state)) {
         if (state == self_state) continue;
         why = state->native_thread_id == 0 ? "a Python thread not started yet"
-                                           : not_parked((long)state->native_thread_id, &regions, memory);
+                                           : not_parked((long)state->native_thread_id, &regions, memory, restorer);
     }
     if (memory >= 0) close(memory);
     free(regions.items);
