@@ -50,6 +50,7 @@ setup(
                 "csrc/python_frames.c",
                 "csrc/loaded_objects.c",
                 "csrc/code_map.c",
+                "csrc/parked_threads.c",
                 "csrc/exit_lock.c",
                 "csrc/fast_fork.c",
             ],

@@ -36,6 +36,8 @@
  * - code_map.c: code_segments(), the loaded objects' executable segments, and parse_maps(),
  *   /proc/self/maps as lists of bounds and paths (thread attribution, where the kernel cannot
  *   say which mapping holds a stack: PROCMAP_QUERY).
+ * - parked_threads.c: stop_if_parked(), OpenBLAS's thread shutdown called only while every other
+ *   Python thread waits where it can only get back to the eval loop (the GIL held throughout).
  * - exit_lock.c: exit_handler_lock(), glibc's exit-handler lock, which the child handler
  *   releases when a thread of the parent held it at the fork.
  * - fast_fork.c: fast_fork_*(), a loader start's later worker forks, recognised and checked in C.
@@ -176,6 +178,11 @@ static PyMethodDef methods[] = {
      "parse_maps($module, data, /)\n--\n\n"
      "(all_starts, all_ends, starts, ends, names) from the bytes of /proc/self/maps: every "
      "mapping's bounds, then the bounds and path of each executable mapping of a file."},
+    {"stop_if_parked", sl_stop_if_parked, METH_VARARGS,
+     "stop_if_parked($module, functions, interpreter, /)\n--\n\n"
+     "Call each C function at the addresses `functions` (int f(void)) only where every other Python "
+     "thread is blocked in a system call with return addresses only into `interpreter` (bytes paths; "
+     "one ending in '/': a directory's files), the GIL held throughout: None, else why not."},
     {"signal_thread", sl_signal_thread_py, METH_VARARGS,
      "signal_thread($module, pid, tid, signum, /)\n--\n\n"
      "signal_thread(pid, tid, signum): send `signum` to one thread of a process (tgkill)."},

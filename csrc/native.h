@@ -67,4 +67,7 @@ PyObject *sl_loaded_objects(PyObject *self, PyObject *args);
 PyObject *sl_code_segments(PyObject *self, PyObject *args);
 PyObject *sl_parse_maps(PyObject *self, PyObject *arg);
 
+/* parked_threads.c: C functions called only while every other Python thread is parked in the interpreter. */
+PyObject *sl_stop_if_parked(PyObject *self, PyObject *args);
+
 #endif

@@ -52,6 +52,7 @@ __all__ = [
     "reserve_descriptor_slots",
     "signal_handler_address",
     "signal_thread",
+    "stop_if_parked",
     "thread_census",
     "thread_ids",
     "thread_state",
@@ -241,6 +242,14 @@ def parse_maps(data: bytes) -> tuple[list[int], list[int], list[int], list[int],
 def signal_thread(pid: int, tid: int, signum: int) -> None:
     """Send ``signum`` to one thread ``tid`` of process ``pid`` (tgkill)."""
     _impl.signal_thread(pid, tid, signum)
+
+
+def stop_if_parked(functions: tuple[int, ...], interpreter: tuple[bytes, ...]) -> str | None:
+    """Call the C functions ``int f(void)`` at the addresses ``functions`` only where every other
+    Python thread is blocked in a system call with return addresses only into ``interpreter``'s code
+    (exact paths; a path ending in "/": the files of that directory), the GIL held from the check to
+    the calls' return (csrc/parked_threads.c). None where they were called, else why not."""
+    return _impl.stop_if_parked(functions, interpreter)
 
 
 def thread_state() -> int:

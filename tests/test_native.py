@@ -223,6 +223,7 @@ NATIVE_FUNCTIONS = (
     "release_backtrace_handler",
     "warm_backtrace",
     "signal_thread",
+    "stop_if_parked",
     "keep_errno",
     "probe_python_frames",
     "python_frames",

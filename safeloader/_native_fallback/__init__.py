@@ -37,6 +37,7 @@ from .stacks import (
     probe_python_frames,
     python_frames,
     release_backtrace_handler,
+    stop_if_parked,
     thread_state,
     warm_backtrace,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "reserve_descriptor_slots",
     "signal_handler_address",
     "signal_thread",
+    "stop_if_parked",
     "thread_ids",
     "thread_state",
     "threads_within",

@@ -156,3 +156,9 @@ def loaded_objects(full: bool, release_gil: bool) -> tuple[tuple[int, int] | Non
 
     iterate[bool(release_gil)](callback_type(visit), None)
     return (counters[0] if counters else None), (tuple(names) if full else None)
+
+
+def stop_if_parked(functions: tuple[int, ...], interpreter: tuple[bytes, ...]) -> str | None:
+    """Never calls: the check and the calls must hold the GIL throughout, which Python code cannot
+    (csrc/parked_threads.c)."""
+    return "no native module"

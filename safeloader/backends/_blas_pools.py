@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._openblas_count import cpu_number as _cpu_number
-from ._openblas_stop import ServerStop, private_copy
+from ._openblas_stop import ServerStop, private_copy, stop_while_parked
 
 __all__ = [
     "KEYS", "PREFIXES", "Pool", "PoolFinder", "lower_threads", "lowers_in_place", "named", "stop_openblas_servers",
@@ -164,13 +164,18 @@ def stop_openblas_servers(pools: tuple[Pool, ...]) -> int:
     fork handler (``pthread_atfork``) will do at that fork, done now: its server threads told to
     exit and joined, to be started again by its next BLAS call. Threads that spin for work after a
     BLAS call (about 0.1 s) are then gone instead of running when the fork-time check reads them.
-    Only while this is the process's one Python thread: a call in progress on another would wait
-    forever for threads told to exit (the fork handler takes that risk at the fork; a stop a few
-    milliseconds earlier must not add to it), and only a private copy (``_openblas_stop``), which no
-    native thread calls without a Python thread. Returns how many copies were stopped."""
-    if not pools or len(sys._current_frames()) > 1:
+    Only while no other Python thread can be inside BLAS or enter it before the stop ends (this is the
+    process's one Python thread, or the others are parked in the interpreter: ``stop_while_parked``):
+    a call in progress on another would wait forever for threads told to exit (the fork handler
+    takes that risk at the fork; a stop a few milliseconds earlier must not add to it), and only a
+    private copy (``_openblas_stop``), which no native thread calls without a Python thread.
+    Returns how many copies were stopped."""
+    stops = [pool.stop_servers for pool in pools if pool.stop_servers is not None]
+    if not stops:
         return 0
-    return sum(1 for pool in pools if pool.stop_servers is not None and pool.stop_servers())
+    if len(sys._current_frames()) > 1:  # only if none of the others can be inside BLAS, nor enter it
+        return stop_while_parked(stops)
+    return sum(1 for stop in stops if stop())
 
 
 def _openmp_pool(path: str) -> Pool | None:

@@ -10,7 +10,9 @@ import os
 import struct
 from typing import Any
 
-__all__ = ["ServerStop", "private_copy"]
+from .. import native
+
+__all__ = ["ServerStop", "private_copy", "stop_while_parked"]
 
 _SHUTDOWN = "blas_thread_shutdown_"
 
@@ -45,6 +47,13 @@ class ServerStop:
             self._function = _exported(self._dynlib) or _private(self._dynlib, self._path, self._anchors)
         return self._function
 
+    def address(self) -> int | None:
+        """Where the C function lies, or None where it is not found."""
+        import ctypes
+
+        function = self.function()
+        return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
     def __call__(self) -> bool:
         """Its threads told to exit and joined (the next BLAS call starts them again); False if not found."""
         function = self.function()
@@ -52,6 +61,43 @@ class ServerStop:
             return False
         function()
         return True
+
+
+def stop_while_parked(stops: list[ServerStop]) -> int:
+    """Each of ``stops`` called where another Python thread lives, but only while none can be inside
+    these copies nor enter them before the stop ends: every other Python thread blocked in a system
+    call with return addresses only into the interpreter's code (``native.stop_if_parked``, which
+    checks and stops holding the GIL throughout; why that suffices: docs/internals.md, threadpools).
+    Idle threads waiting on a lock or a queue are such threads; one in a BLAS call has numpy's (or
+    scipy's) return addresses on its stack. Returns how many copies were stopped (0: none, as before)."""
+    addresses = tuple(address for address in (stop.address() for stop in stops) if address)
+    if not addresses or native.stop_if_parked(addresses, _interpreter_code()) is not None:
+        return 0
+    return len(addresses)
+
+
+_interpreter: tuple[bytes, ...] | None = None  # module state: the interpreter's own files, found once
+
+
+def _interpreter_code() -> tuple[bytes, ...]:
+    """The files whose code only returns to the eval loop (or into the C runtime) when a parked
+    thread's system call returns: the Python binary, libpython, libc and libpthread as loaded here,
+    and the stdlib's lib-dynload directory (its modules call Python code only holding the GIL). Not
+    the dynamic loader: a thread inside dlopen goes on to run the new object's constructors."""
+    global _interpreter
+    if _interpreter is None:
+        import sysconfig
+
+        from .. import _loader_lock
+
+        names = {os.path.realpath(name) for _, _, name in _loader_lock.section(native.code_segments)
+                 if name.startswith("/")}
+        found = {os.readlink("/proc/self/exe")}
+        found.update(name for name in names
+                     if os.path.basename(name).startswith(("libpython", "libc.so", "libc-", "libpthread")))
+        dynload = os.path.realpath(os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload"))
+        _interpreter = (*sorted(os.fsencode(name) for name in found), os.fsencode(dynload + "/"))
+    return _interpreter
 
 
 def _exported(dynlib: Any) -> Any:
