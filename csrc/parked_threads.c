@@ -242,8 +242,10 @@ PyObject *sl_stop_if_parked(PyObject *Py_UNUSED(self), PyObject *args) {
         addresses[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i));
         if (addresses[i] == NULL) return PyErr_Occurred() ? NULL : PyUnicode_FromString("a null function");
     }
-#ifdef Py_GIL_DISABLED
+#if defined(Py_GIL_DISABLED)
     return PyUnicode_FromString("no GIL");
+#elif PY_VERSION_HEX < 0x030B0000
+    return PyUnicode_FromString("Python < 3.11: a thread state names no native thread");
 #else
     /* From here to the calls, nothing releases the GIL. */
     if (PyInterpreterState_Next(PyInterpreterState_Head()) != NULL) return PyUnicode_FromString("several interpreters");
