@@ -24,10 +24,11 @@ pytestmark = pytest.mark.timeout(150)
 
 # Survives fork, and how: the pool threads that take CPU in a worker (> 0: the pool starts afresh
 # there) or none (the library runs on the calling thread there: tokenizers and numcodecs turn
-# their threads off in a forked child, onnxruntime's caller does what no pool thread took).
+# their threads off in a forked child, OpenCV runs its loops serially there, onnxruntime's caller
+# does what no pool thread took).
 SURVIVES = {
     "tokenizers": False, "pyarrow": True, "numcodecs": False, "numexpr": True, "numba-workqueue": True,
-    "onnxruntime": False, "duckdb-async-threads-0": False, "torch-intra-op": False,
+    "onnxruntime": False, "duckdb-async-threads-0": False, "torch-intra-op": False, "opencv": False,
 }
 # Hangs under torch's loader: safeloader refuses before any worker starts, naming what it found.
 HANGS = {
@@ -39,7 +40,7 @@ HANGS = {
 ROWS = {
     "tokenizers": "tokenizers", "pyarrow": "pyarrow", "numcodecs": "numcodecs", "numexpr": "numexpr",
     "workqueue": "numba-workqueue", "onnxruntime": "onnxruntime", "duckdb": "duckdb-async-threads-0",
-    "libtorch": "torch-intra-op",
+    "libtorch": "torch-intra-op", "cv2": "opencv",
     # Proven elsewhere, for the usage they name: tests/test_ray_accelerate.py (Ray's threads live in
     # the Ray Train worker, DataLoader workers that do not call Ray read every shard); CUDA needs a
     # GPU (tests/test_torch_state.py: the worker's CUDA call gets torch's own error, not a wait).

@@ -167,6 +167,11 @@ KNOWN: tuple[Known, ...] = (
         since="0.16",
     ),
     Known(("numexpr",), SURVIVES, "restarts its thread pool in a forked child (its own at-fork handler)"),
+    Known(
+        ("cv2",),
+        SURVIVES,
+        "runs its parallel loops on the calling thread in a forked child (its own at-fork handler; checked: 5.0)",
+    ),
     Known(("ray",), SURVIVES, "Ray's threads serve the Ray worker; DataLoader workers do not call Ray"),
     Known(
         ("libcuda", "libcudart", "libnvidia", "libnccl", "libcupti", "nvidia"),

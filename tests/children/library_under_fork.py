@@ -130,6 +130,18 @@ def numcodecs_case() -> tuple[str, Callable[[int], object]]:
     return "blosc", work
 
 
+def opencv_case() -> tuple[str, Callable[[int], object]]:
+    import cv2
+
+    cv2.setNumThreads(2)  # its own pthreads pool (the default backend of the wheels)
+    image = np.linspace(0, 1, 2000 * 2000, dtype=np.float32).reshape(2000, 2000)
+
+    def work(index: int) -> object:
+        return float(cv2.GaussianBlur(image + index, (31, 31), 0).sum(dtype=np.float64))
+
+    return "cv2", work
+
+
 def numexpr_case() -> tuple[str, Callable[[int], object]]:
     import numexpr
 
@@ -212,7 +224,8 @@ def onnxruntime_case(mode: str = "ORT_SEQUENTIAL") -> tuple[str, Callable[[int],
 
 CASES = {
     "tokenizers": tokenizers_case, "torch": torch_case, "pyarrow": pyarrow_case, "numcodecs": numcodecs_case,
-    "numexpr": numexpr_case, "numba-workqueue": numba_workqueue_case, "torch-intra-op": torch_intra_op_case,
+    "numexpr": numexpr_case, "opencv": opencv_case, "numba-workqueue": numba_workqueue_case,
+    "torch-intra-op": torch_intra_op_case,
     "duckdb": duckdb_case, "duckdb-async-threads-0": lambda: duckdb_case(remedy=True),
     "onnxruntime": onnxruntime_case, "onnxruntime-parallel": lambda: onnxruntime_case("ORT_PARALLEL"),
 }
