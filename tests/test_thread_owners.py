@@ -80,7 +80,10 @@ def test_a_thread_id_reused_by_another_librarys_thread_is_not_given_the_dead_thr
     if unshare is None:
         pytest.skip("no user and PID namespace for an unprivileged user here (unshare -Urpf)")
     command, env = script_command("reused_thread_id.py", tiny_pool, env={"OPENBLAS_NUM_THREADS": "2"})
-    report = json.loads(_checked(_run([*unshare, *command], 45, env, None)).stdout)
+    for _ in range(3):  # the reuse itself can miss (CI once: no thread had the id after): asked again
+        report = json.loads(_checked(_run([*unshare, *command], 45, env, None)).stdout)
+        if report["names"][1] is not None:
+            break
     assert report["names"][0] == report["names"][1], report  # the case (id, name) could not tell apart
     assert "openblas" in os.path.basename(report["before"]), report
     assert report["after"] == str(tiny_pool), report
