@@ -37,7 +37,6 @@ PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
 /* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */
 PyObject *sl_file_records(PyObject *self, PyObject *args);
 PyObject *sl_file_offsets(PyObject *self, PyObject *records);
-PyObject *sl_unlocked_file_records(PyObject *self, PyObject *fds);
 PyObject *sl_privatize_files(PyObject *self, PyObject *args);
 
 /* file_locks.c: whether an open file description holds an exclusive flock or OFD lock. `info`: an

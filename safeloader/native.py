@@ -57,7 +57,6 @@ __all__ = [
     "thread_ids",
     "thread_state",
     "threads_within",
-    "unlocked_file_records",
     "warm_backtrace",
 ]
 
@@ -104,12 +103,6 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return _impl.file_records(fds, read_only)
 
 
-def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
-    """``file_records(fds, True)`` (offsets -1) less the descriptions holding an exclusive flock or
-    OFD lock (``exclusively_locked``), in one pass."""
-    return _impl.unlocked_file_records(fds)
-
-
 def file_offsets(records: bytes) -> bytes:
     """``records`` (``file_records``'), each with the offset its descriptor has now (-1: closed, or
     cannot seek): one lseek a file, the identities as recorded."""
@@ -122,11 +115,14 @@ def privatize_files(
     virtual_devices: tuple[int, ...],
     check_locks: bool,
     paths: tuple[tuple[int, bytes], ...],
+    lock_states: Any = None,
+    first: int = 0,
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """In a worker: give each read-only regular file of ``records`` its own description at the
-    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``
-    (why and how: csrc/private_files.c)."""
-    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths)
+    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``;
+    ``lock_states``: a writable byte a record, the locks read once among a start's workers,
+    ``first``: the record to begin with (why and how: csrc/private_files.c)."""
+    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths, lock_states, first)
 
 
 def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:

@@ -14,7 +14,6 @@ from .descriptors import (
     privatize_files,
     regular_file_offsets,
     reserve_descriptor_slots,
-    unlocked_file_records,
 )
 from .forks import (
     exit_handler_lock,
@@ -75,6 +74,5 @@ __all__ = [
     "thread_ids",
     "thread_state",
     "threads_within",
-    "unlocked_file_records",
     "warm_backtrace",
 ]

@@ -6,6 +6,7 @@ How it works and why: docs/internals.md, ``safeloader.backends.files``.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import weakref
 from typing import Any, NamedTuple
@@ -22,18 +23,19 @@ SharedFileWarning = _reopen.SharedFileWarning
 
 
 def privatize_inherited_files(
-    records: bytes | None = None, *, locks_checked: bool = False, paths: _reopen.Paths = ()
+    records: bytes | None = None, *, lock_states: Any = None, first: int = 0, paths: _reopen.Paths = ()
 ) -> None:
     """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
     default those the parent recorded for this fork, else every descriptor open now) its own
-    description; ``locks_checked``: the parent left out those holding an exclusive lock; ``paths``:
-    the paths the files were opened by, where known (see ``_reopen.privatize_files``)."""
+    description; ``lock_states``, ``first``: the records are a loader's files, their locks read
+    once among the start's workers; ``paths``: the paths the files were opened by, where known
+    (see ``_reopen.privatize_files``)."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
     records = _reopen.offsets_at_fork() if records is None else records
-    _reopen.privatize_files(records, worker, locks_checked=locks_checked, paths=paths)
+    _reopen.privatize_files(records, worker, lock_states=lock_states, first=first, paths=paths)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -89,14 +91,16 @@ class FilesBackend(Backend):
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
         if isinstance(held, _Held):
-            # Each held descriptor (a regular file open read-only and unlocked at the start) with its
-            # offset now (one lseek each: the file's identity is the start's). The worker checks each
-            # again, and leaves one that names another file now (closed and reused since).
+            # Each descriptor the loader's objects held at the start, with its offset now (one lseek
+            # each). The worker checks what each one is (a regular file open read-only, unlocked).
             if not held.records:
                 return self.NOTHING_TO_DO
             records = native.file_offsets(held.records)
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
-            return records, held.paths
+            # Each worker begins its reopening at its own share of the records: the locks it reads
+            # there are the ones the others find already read.
+            first = ctx.worker_id * len(held.lock_states) // max(ctx.num_workers, 1)
+            return records, held.paths, held.lock_states, first
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
@@ -104,12 +108,12 @@ class FilesBackend(Backend):
         _reopen.offsets_at_fork()  # made in the parent for this fork's hooks, and inherited by the worker
         return None
 
-    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths] | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths, Any, int] | None) -> None:
         if plan is None:  # every read-only file, recorded by the parent for this fork
             privatize_inherited_files()
-        else:  # the records of the loader's files, whose locks prepare_start read
-            records, paths = plan
-            privatize_inherited_files(records, locks_checked=True, paths=paths)
+        else:  # the descriptors the loader's objects held, their locks read once among the start's workers
+            records, paths, lock_states, first = plan
+            privatize_inherited_files(records, lock_states=lock_states, first=first, paths=paths)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
         # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
@@ -122,17 +126,19 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
-                self._held[loader] = _Held(b"", ())
+                self._held[loader] = _Held(b"", (), _NO_STATES)
             else:
                 names: dict[int, bytes] = {}
                 held = _held_files.held_descriptors(loader, names)
                 if isinstance(held, str):
                     self._held[loader] = held
                 else:
-                    fds = tuple(sorted(held))
-                    records = _unlocked_read_only_files(fds)
-                    kept = fds if len(records) == len(fds) * _reopen.RECORD.size else _fds_of(records)
-                    self._held[loader] = _Held(records, tuple((fd, names[fd]) for fd in kept if fd in names))
+                    # No system call a file here: each worker checks what each descriptor is (a
+                    # regular file open read-only, unlocked) before it reopens it, and the parent
+                    # reads the offsets at each fork.
+                    fds = sorted(held)
+                    paths = tuple((fd, names[fd]) for fd in fds if fd in names)
+                    self._held[loader] = _Held(_reopen.unrecorded(fds), paths, _lock_states(len(fds)))
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -140,27 +146,27 @@ class FilesBackend(Backend):
 
 
 class _Held(NamedTuple):
-    """What a loader's objects held at its start: the records (``native.file_records``', sorted by
-    fd) of regular files open read-only and unlocked, and the paths the file objects among them
-    were opened by (by fd)."""
+    """What a loader's objects held at its start: the descriptors (``native.file_records``' records
+    without identity or offset, sorted by fd), the paths the file objects among them were opened by
+    (by fd), and the start's lock states, one byte a record, which its workers share."""
 
     records: bytes
     paths: _reopen.Paths
+    lock_states: mmap.mmap | bytearray
 
 
-def _unlocked_read_only_files(fds: tuple[int, ...]) -> bytes:
-    """The records of the regular files of ``fds`` (sorted) open read-only whose description holds
-    no exclusive flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy
-    would block on the parent's lock). Once per start, in the parent: its workers then neither look
-    at the others nor read each description's locks (about 2 us a file in the kernel, each
-    worker's). A lock taken or released in the parent while the start forks its workers is seen at
-    the next start. One pass (``native.unlocked_file_records``): each file's fstat, flags and
-    /proc/self/fdinfo entry; its offset is read at each fork (``native.file_offsets``)."""
-    return native.unlocked_file_records(fds)
+_NO_STATES = bytearray()
 
 
-def _fds_of(records: bytes) -> tuple[int, ...]:
-    return tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
+def _lock_states(count: int) -> mmap.mmap | bytearray:
+    """A start's record of which held descriptions hold an exclusive flock/OFD lock (a lock, not a
+    data handle: a worker re-locking a private copy would block on the parent's lock), one byte a
+    record, 0 until read: memory the parent shares with the workers it forks next (an anonymous
+    MAP_SHARED mapping, made before the forks). Each description's locks are read once (about 2-3 us
+    a file from /proc/self/fdinfo) by whichever worker comes to it first, instead of by the parent
+    before it forks any. A lock taken or released in the parent while the workers start may be seen
+    by some workers and not others, as one taken during a fork."""
+    return mmap.mmap(-1, count) if count else _NO_STATES
 
 
 BACKEND = FilesBackend()
