@@ -43,6 +43,10 @@ PyObject *sl_privatize_files(PyObject *self, PyObject *args);
  * open /proc/self/fdinfo (and `name` the descriptor's number), or -1 and `name` the full path. */
 int sl_holds_exclusive_lock(int info, const char *name);
 PyObject *sl_exclusively_locked(PyObject *self, PyObject *fds);
+PyObject *sl_read_locks_behind(PyObject *self, PyObject *args);
+PyObject *sl_stop_lock_reader(PyObject *self, PyObject *capsule);
+/* Whether `tid` is one of safeloader's own lock readers (file_locks.c): thread_ids() leaves them out. */
+int sl_own_thread(long tid);
 
 /* signals.c: signal dispositions, and the Python face of backtrace.c. */
 PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);

@@ -46,6 +46,7 @@ __all__ = [
     "loaded_objects",
     "privatize_files",
     "python_frames",
+    "read_locks_behind",
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -53,6 +54,7 @@ __all__ = [
     "signal_handler_address",
     "signal_thread",
     "stop_if_parked",
+    "stop_lock_reader",
     "thread_census",
     "thread_ids",
     "thread_state",
@@ -128,6 +130,18 @@ def privatize_files(
 def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     """The descriptors of ``fds`` whose open file description holds an exclusive flock or OFD lock."""
     return _impl.exclusively_locked(fds)
+
+
+def read_locks_behind(records: bytes, lock_states: Any) -> Any:
+    """Start a thread reading the locks of ``records``' descriptors into ``lock_states`` (a writable
+    byte a record, as ``privatize_files`` reads them); a handle for ``stop_lock_reader`` (the
+    thread is stopped when it goes), or None where none started (the workers read the locks)."""
+    return _impl.read_locks_behind(records, lock_states)
+
+
+def stop_lock_reader(reader: Any) -> None:
+    """Stop ``read_locks_behind``'s thread (before its next file) and wait for it."""
+    _impl.stop_lock_reader(reader)
 
 
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits

@@ -1,5 +1,5 @@
-"""Pure-Python stand-in for the ``safeloader._native`` C extension: same functions, same answers, two
-gaps (docs/internals.md, ``safeloader._native_fallback``). ``native`` loads this package; each
+"""Pure-Python stand-in for the ``safeloader._native`` C extension: same functions, same answers, a
+few gaps (docs/internals.md, ``safeloader._native_fallback``). ``native`` loads this package; each
 function lives in the part for its job."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from .descriptors import (
     file_offsets,
     file_records,
     privatize_files,
+    read_locks_behind,
     regular_file_offsets,
     reserve_descriptor_slots,
+    stop_lock_reader,
 )
 from .forks import (
     exit_handler_lock,
@@ -65,12 +67,14 @@ __all__ = [
     "privatize_files",
     "probe_python_frames",
     "python_frames",
+    "read_locks_behind",
     "regular_file_offsets",
     "release_backtrace_handler",
     "reserve_descriptor_slots",
     "signal_handler_address",
     "signal_thread",
     "stop_if_parked",
+    "stop_lock_reader",
     "thread_ids",
     "thread_state",
     "threads_within",

@@ -154,6 +154,16 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
 
 
+def read_locks_behind(records: bytes, lock_states: Any) -> None:
+    """No thread here (one of the gaps): the workers read every lock themselves."""
+    if len(records) % _RECORD.size:
+        raise ValueError("records must be file_records' bytes")
+
+
+def stop_lock_reader(reader: Any) -> None:
+    """Nothing to stop: ``read_locks_behind`` starts none."""
+
+
 def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
     """A fresh read-only descriptor of the file ``found`` (an fstat) by ``path``, or -1 where the path
     names another file now. Opened non-blocking (a FIFO put in its place must not hang the worker)."""

@@ -119,8 +119,7 @@ def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> froz
                 return EVERY_FILE
     if visits.cut:  # what the search did not reach may hold files: every one is made private, as before
         return EVERY_FILE
-    for f in visits.files:  # the shards of large containers, taken without the walk
-        _add_file(f, fds, names)
+    _add_files(visits.files, fds, names)  # the shards of large containers, taken without the walk
     # A number the Dataset holds may be a raw descriptor (os.open): kept if it names a regular file.
     fds.update(fd for fd in numbers if 0 <= fd < _descriptor_limit() and _is_regular_file(fd))
     if identities:  # files known by path only (HDF5 on the stdio driver): their descriptors, by inode
@@ -135,6 +134,27 @@ def _add_file(f: Any, fds: set[int], names: dict[int, bytes] | None) -> None:
         fds.add(fd)
         if names is not None and fd not in names:
             _add_name(f, fd, names)
+
+
+def _add_files(files: list[Any], fds: set[int], names: dict[int, bytes] | None) -> None:
+    """``_add_file`` of each of ``files`` (io's own classes), inline: a Dataset may hold thousands."""
+    encoding, errors = _FS_ENCODING, _FS_ERRORS
+    for f in files:
+        try:
+            if f.closed:
+                continue
+            fd = f.fileno()
+            name = f.name if names is not None and fd not in names else None
+        except Exception:  # a file object that refuses (closed meanwhile, a raw fd without a name)
+            _add_file(f, fds, names)
+            continue
+        fds.add(fd)
+        if type(name) is str and name:
+            path = name.encode(encoding, errors)
+            if b"\0" not in path:
+                names[fd] = path  # type: ignore[index]
+        elif name is not None:
+            _add_name(f, fd, names)  # type: ignore[arg-type]
 
 
 class _Visits:

@@ -5,6 +5,7 @@ How it works and why: docs/internals.md, ``safeloader.backends.files``.
 
 from __future__ import annotations
 
+import functools
 import io
 import mmap
 import os
@@ -95,6 +96,8 @@ class FilesBackend(Backend):
             # each). The worker checks what each one is (a regular file open read-only, unlocked).
             if not held.records:
                 return self.NOTHING_TO_DO
+            if held.reader is not None:  # stopped when the start's forks are done, not later
+                ctx.hold_for_start(NAME, functools.partial(native.stop_lock_reader, held.reader))
             records = native.file_offsets(held.records)
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
             # Each worker begins its reopening at its own share of the records: the locks it reads
@@ -126,7 +129,7 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
-                self._held[loader] = _Held(b"", (), _NO_STATES)
+                self._held[loader] = _Held(b"", (), _NO_STATES, None)
             else:
                 names: dict[int, bytes] = {}
                 held = _held_files.held_descriptors(loader, names)
@@ -138,7 +141,10 @@ class FilesBackend(Backend):
                     # reads the offsets at each fork.
                     fds = sorted(held)
                     paths = tuple((fd, names[fd]) for fd in fds if fd in names)
-                    self._held[loader] = _Held(_reopen.unrecorded(fds), paths, _lock_states(len(fds)))
+                    records, states = _reopen.unrecorded(fds), _lock_states(len(fds))
+                    # Many files: their locks read on a thread of the parent's while it forks.
+                    reader = native.read_locks_behind(records, states) if len(fds) >= _READ_BEHIND else None
+                    self._held[loader] = _Held(records, paths, states, reader)
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -148,14 +154,20 @@ class FilesBackend(Backend):
 class _Held(NamedTuple):
     """What a loader's objects held at its start: the descriptors (``native.file_records``' records
     without identity or offset, sorted by fd), the paths the file objects among them were opened by
-    (by fd), and the start's lock states, one byte a record, which its workers share."""
+    (by fd), the start's lock states, one byte a record, which its workers share, and the thread
+    reading them meanwhile (``native.read_locks_behind``), if any."""
 
     records: bytes
     paths: _reopen.Paths
     lock_states: mmap.mmap | bytearray
+    reader: Any
 
 
 _NO_STATES = bytearray()
+# From this many held files the parent reads their locks on a thread of its own while it forks the
+# workers (~2.5 us a file, on a core the start leaves idle): the first worker would read them all
+# before it could reopen its last file. Fewer cost a worker less than starting a thread (~50 us).
+_READ_BEHIND = 64
 
 
 def _lock_states(count: int) -> mmap.mmap | bytearray:
@@ -163,9 +175,11 @@ def _lock_states(count: int) -> mmap.mmap | bytearray:
     data handle: a worker re-locking a private copy would block on the parent's lock), one byte a
     record, 0 until read: memory the parent shares with the workers it forks next (an anonymous
     MAP_SHARED mapping, made before the forks). Each description's locks are read once (about 2-3 us
-    a file from /proc/self/fdinfo) by whichever worker comes to it first, instead of by the parent
-    before it forks any. A lock taken or released in the parent while the workers start may be seen
-    by some workers and not others, as one taken during a fork."""
+    a file from /proc/self/fdinfo) by the parent's lock reader or whichever worker comes to it
+    first, instead of by the parent before it forks any. A lock taken or released in the parent
+    while the workers start may be seen by some workers and not others, as one taken during a fork;
+    a held descriptor the parent closes and reuses for another file meanwhile may be given the old
+    one's answer."""
     return mmap.mmap(-1, count) if count else _NO_STATES
 
 
