@@ -205,7 +205,9 @@ def privatize_files(
         raise ValueError("records must be file_records' bytes")
     count = len(records) // _RECORD.size
     states = None if lock_states is None else memoryview(lock_states).cast("B")
-    if states is not None and (states.readonly or len(states) != count):
+    if states is not None and states.readonly:
+        raise BufferError("lock_states must be writable")
+    if states is not None and len(states) != count:
         raise ValueError(f"lock_states must hold one byte a record ({count}), got {len(states)}")
     if first < 0:
         raise ValueError(f"first must be >= 0, got {first}")

@@ -136,10 +136,13 @@ class FilesBackend(Backend):
                 if isinstance(held, str):
                     self._held[loader] = held
                 else:
-                    # No system call a file here: each worker checks what each descriptor is (a
-                    # regular file open read-only, unlocked) before it reopens it, and the parent
-                    # reads the offsets at each fork.
+                    # Each worker checks what each descriptor is (a regular file open read-only,
+                    # unlocked) before it reopens it, and the parent reads the offsets at each fork.
+                    # A few are looked at here too, so that a worker with none to reopen runs
+                    # nothing; thousands are not (an fstat and fcntl each, before the first fork).
                     fds = sorted(held)
+                    if len(fds) < _READ_BEHIND:
+                        fds = [fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(native.file_records(tuple(fds), True))]
                     paths = tuple((fd, names[fd]) for fd in fds if fd in names)
                     records, states = _reopen.unrecorded(fds), _lock_states(len(fds))
                     # Many files: their locks read on a thread of the parent's while it forks.
