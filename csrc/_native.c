@@ -18,7 +18,8 @@
  *   files a worker inherits, and privatize_files(), the worker's own open file description of
  *   each read-only one (the "files" hook: a Dataset may hold thousands).
  * - file_locks.c: exclusively_locked(), the descriptions holding an exclusive flock or OFD lock;
- *   read_locks_behind() and stop_lock_reader(), the parent's thread reading a start's locks.
+ *   read_locks_behind(), lock_reader_identified() and stop_lock_reader(), the parent's thread
+ *   reading a start's identities and locks.
  * - proc_entries.c: the allocation-free listing of /proc/self/task and /proc/self/fd that
  *   threads_within and descriptor_kinds share.
  * - signals.c: signal_handler_address() tells whether a signal is free (a handler installed
@@ -144,12 +145,16 @@ static PyMethodDef methods[] = {
      "lock, read from /proc/self/fdinfo."},
     {"read_locks_behind", sl_read_locks_behind, METH_VARARGS,
      "read_locks_behind($module, records, lock_states, /)\n--\n\n"
-     "Start a thread reading the locks of the descriptors of `records` (file_records') into `lock_states` "
-     "(a writable byte a record: 1 free, 2 exclusively locked), as privatize_files does; a capsule that "
-     "stops and joins it when it goes, or None where no thread could start."},
+     "Start a thread writing the identity of each descriptor of `records` (file_records', writable) into "
+     "its record, then reading their locks into `lock_states` (a writable byte a record: 1 free, 2 "
+     "exclusively locked), as privatize_files does; a capsule that stops and joins it when it goes, or "
+     "None where no thread could start."},
     {"stop_lock_reader", sl_stop_lock_reader, METH_O,
      "stop_lock_reader($module, reader, /)\n--\n\n"
      "Stop read_locks_behind's thread (before its next file) and join it."},
+    {"lock_reader_identified", sl_lock_reader_identified, METH_O,
+     "lock_reader_identified($module, reader, /)\n--\n\n"
+     "Wait until read_locks_behind's thread has written each record's identity (st_dev, st_ino)."},
     {"signal_handler_address", sl_signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

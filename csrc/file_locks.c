@@ -19,6 +19,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -155,12 +156,39 @@ typedef struct {
     int *fds;
     size_t count;
     unsigned char *states;
-    Py_buffer states_buffer; /* held until the thread is joined */
+    Py_buffer states_buffer;  /* held until the thread is joined */
+    Py_buffer records_buffer; /* the records, their identities written in first */
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int identified;           /* under `lock`: the identities are written (or the thread ended) */
 } lock_reader;
+
+/* A record is private_files.c's sl_file_record: 32 bytes, the descriptor an int64_t, then st_dev and
+ * st_ino as uint64_t (both 0: not recorded), then the offset. */
+#define RECORD_SIZE 32
+
+static void set_identified(lock_reader *reader) {
+    pthread_mutex_lock(&reader->lock);
+    reader->identified = 1;
+    pthread_cond_broadcast(&reader->changed);
+    pthread_mutex_unlock(&reader->lock);
+}
 
 static void *read_locks(void *arg) {
     lock_reader *reader = arg;
     __atomic_store_n(&reader_tids[reader->slot], (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    /* First, in the process's own table, what each descriptor names (an fstat each, no descriptor
+     * made): the parent waits for these before its first fork reads the offsets, so that a worker
+     * can tell a descriptor swapped for another file since (the offset read is then not its own). */
+    unsigned char *records = reader->records_buffer.buf;
+    for (size_t i = 0; i < reader->count && !__atomic_load_n(&reader->stop, __ATOMIC_RELAXED); i++) {
+        struct stat st;
+        if (reader->fds[i] < 0 || fstat(reader->fds[i], &st) != 0) continue;  /* closed: 0/0, looked at by the worker */
+        uint64_t dev = (uint64_t)st.st_dev, ino = (uint64_t)st.st_ino;
+        memcpy(records + RECORD_SIZE * i + 8, &dev, sizeof dev);
+        memcpy(records + RECORD_SIZE * i + 16, &ino, sizeof ino);
+    }
+    set_identified(reader);
 #ifdef SYS_close_range
     int own_table = syscall(SYS_close_range, 0U, ~0U, 2U /* CLOSE_RANGE_UNSHARE */) == 0;
 #else
@@ -194,6 +222,11 @@ static void join_reader(lock_reader *reader) {
 
 /* With the GIL, once joined. */
 static void free_reader(lock_reader *reader) {
+    if (reader->pid == getpid()) {
+        pthread_mutex_destroy(&reader->lock);
+        pthread_cond_destroy(&reader->changed);
+    }
+    PyBuffer_Release(&reader->records_buffer);
     PyBuffer_Release(&reader->states_buffer);
     free(reader->fds);
     free(reader);
@@ -215,38 +248,34 @@ static void reader_capsule_destructor(PyObject *capsule) {
  * joined when the capsule goes (stop_lock_reader does it now): it is there to be done before the
  * start's last fork, not to outlive it. */
 PyObject *sl_read_locks_behind(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer records;
-    PyObject *states_object;
-    if (!PyArg_ParseTuple(args, "y*O:read_locks_behind", &records, &states_object)) return NULL;
-    /* A record is private_files.c's sl_file_record: 32 bytes, its descriptor an int64_t first. */
-    size_t count = (size_t)records.len / 32;
-    if (records.len % 32 != 0) {
-        PyBuffer_Release(&records);
-        return PyErr_Format(PyExc_ValueError, "records must be file_records' bytes");
-    }
+    PyObject *records_object, *states_object;
+    if (!PyArg_ParseTuple(args, "OO:read_locks_behind", &records_object, &states_object)) return NULL;
     lock_reader *reader = calloc(1, sizeof *reader);
-    if (reader == NULL || (reader->fds = malloc((count + 1) * sizeof *reader->fds)) == NULL) {
-        free(reader);
-        PyBuffer_Release(&records);
-        return PyErr_NoMemory();
+    if (reader == NULL) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(records_object, &reader->records_buffer, PyBUF_WRITABLE) < 0) { free(reader); return NULL; }
+    size_t count = (size_t)reader->records_buffer.len / RECORD_SIZE;
+    if (reader->records_buffer.len % RECORD_SIZE != 0) {
+        PyErr_SetString(PyExc_ValueError, "records must be file_records' bytes");
+        goto fail;
     }
+    if ((reader->fds = malloc((count + 1) * sizeof *reader->fds)) == NULL) { PyErr_NoMemory(); goto fail; }
     for (size_t i = 0; i < count; i++) {
         int64_t fd;
-        memcpy(&fd, (const char *)records.buf + 32 * i, sizeof fd);
+        memcpy(&fd, (const char *)reader->records_buffer.buf + RECORD_SIZE * i, sizeof fd);
         reader->fds[i] = fd < 0 || fd > INT32_MAX ? -1 : (int)fd;
     }
-    PyBuffer_Release(&records);
     if (PyObject_GetBuffer(states_object, &reader->states_buffer, PyBUF_WRITABLE) < 0) goto fail;
     if ((size_t)reader->states_buffer.len != count) {
         PyErr_Format(PyExc_ValueError, "lock_states must hold one byte a record (%zu), got %zd", count,
                      reader->states_buffer.len);
-        PyBuffer_Release(&reader->states_buffer);
         goto fail;
     }
     reader->states = reader->states_buffer.buf;
     reader->count = count;
     reader->pid = getpid();
     __atomic_store_n(&reader_pid, reader->pid, __ATOMIC_RELEASE);
+    pthread_mutex_init(&reader->lock, NULL);
+    pthread_cond_init(&reader->changed, NULL);
     reader->slot = -1;
     for (int i = 0; i < MAX_READERS && reader->slot < 0; i++) {
         pid_t none = 0;
@@ -278,9 +307,26 @@ PyObject *sl_read_locks_behind(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     return capsule;
 fail:
+    PyBuffer_Release(&reader->records_buffer);
+    PyBuffer_Release(&reader->states_buffer);
     free(reader->fds);
     free(reader);
     return NULL;
+}
+
+/* lock_reader_identified(reader): wait until the reader has written each record's identity (an
+ * fstat each, before its locks), or has ended. The parent's, before the offsets of its first fork. */
+PyObject *sl_lock_reader_identified(PyObject *Py_UNUSED(self), PyObject *capsule) {
+    if (PyCapsule_IsValid(capsule, STOPPED)) Py_RETURN_NONE;
+    lock_reader *reader = PyCapsule_GetPointer(capsule, READER);
+    if (reader == NULL) return NULL;
+    if (reader->pid != getpid()) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&reader->lock);
+    while (!reader->identified) pthread_cond_wait(&reader->changed, &reader->lock);
+    pthread_mutex_unlock(&reader->lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 /* stop_lock_reader(capsule): stop the reader now (it ends before its next file) and join it; then

@@ -45,6 +45,7 @@ int sl_holds_exclusive_lock(int info, const char *name);
 PyObject *sl_exclusively_locked(PyObject *self, PyObject *fds);
 PyObject *sl_read_locks_behind(PyObject *self, PyObject *args);
 PyObject *sl_stop_lock_reader(PyObject *self, PyObject *capsule);
+PyObject *sl_lock_reader_identified(PyObject *self, PyObject *capsule);
 /* Whether `tid` is one of safeloader's own lock readers (file_locks.c): thread_ids() leaves them out. */
 int sl_own_thread(long tid);
 

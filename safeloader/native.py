@@ -44,6 +44,7 @@ __all__ = [
     "keep_errno",
     "loaded_counters",
     "loaded_objects",
+    "lock_reader_identified",
     "privatize_files",
     "python_frames",
     "read_locks_behind",
@@ -105,7 +106,7 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return _impl.file_records(fds, read_only)
 
 
-def file_offsets(records: bytes) -> bytes:
+def file_offsets(records: bytes | bytearray) -> bytes:
     """``records`` (``file_records``'), each with the offset its descriptor has now (-1: closed, or
     cannot seek): one lseek a file, the identities as recorded."""
     return _impl.file_offsets(records)
@@ -132,11 +133,17 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return _impl.exclusively_locked(fds)
 
 
-def read_locks_behind(records: bytes, lock_states: Any) -> Any:
-    """Start a thread reading the locks of ``records``' descriptors into ``lock_states`` (a writable
-    byte a record, as ``privatize_files`` reads them); a handle for ``stop_lock_reader`` (the
-    thread is stopped when it goes), or None where none started (the workers read the locks)."""
+def read_locks_behind(records: bytearray, lock_states: Any) -> Any:
+    """Start a thread that writes the identity (st_dev, st_ino) of each descriptor of ``records``
+    into its record, then reads their locks into ``lock_states`` (a writable byte a record, as
+    ``privatize_files`` reads them); a handle for ``lock_reader_identified`` and
+    ``stop_lock_reader`` (the thread is stopped when it goes), or None where none started."""
     return _impl.read_locks_behind(records, lock_states)
+
+
+def lock_reader_identified(reader: Any) -> None:
+    """Wait until ``read_locks_behind``'s thread has written every record's identity."""
+    _impl.lock_reader_identified(reader)
 
 
 def stop_lock_reader(reader: Any) -> None:

@@ -222,6 +222,7 @@ NATIVE_FUNCTIONS = (
     "privatize_files",
     "exclusively_locked",
     "read_locks_behind",
+    "lock_reader_identified",
     "stop_lock_reader",
     "reserve_descriptor_slots",
     "signal_handler_address",

@@ -107,7 +107,7 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return b"".join(records)
 
 
-def file_offsets(records: bytes) -> bytes:
+def file_offsets(records: bytes | bytearray) -> bytes:
     """``records`` (file_records'), each with the offset its descriptor has now (-1: closed, or cannot seek)."""
     if len(records) % _RECORD.size:
         raise ValueError("records must be file_records' bytes")
@@ -154,10 +154,14 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
 
 
-def read_locks_behind(records: bytes, lock_states: Any) -> None:
-    """No thread here (one of the gaps): the workers read every lock themselves."""
+def read_locks_behind(records: bytearray, lock_states: Any) -> None:
+    """No thread here (one of the gaps): the caller records the identities, the workers read every lock."""
     if len(records) % _RECORD.size:
         raise ValueError("records must be file_records' bytes")
+
+
+def lock_reader_identified(reader: Any) -> None:
+    """Nothing to wait for: ``read_locks_behind`` starts no thread."""
 
 
 def stop_lock_reader(reader: Any) -> None:

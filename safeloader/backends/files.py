@@ -98,6 +98,7 @@ class FilesBackend(Backend):
                 return self.NOTHING_TO_DO
             if held.reader is not None:  # stopped when the start's forks are done, not later
                 ctx.hold_for_start(NAME, functools.partial(native.stop_lock_reader, held.reader))
+                native.lock_reader_identified(held.reader)  # each record's identity, read before its offset
             records = native.file_offsets(held.records)
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
             # Each worker begins its reopening at its own share of the records: the locks it reads
@@ -136,18 +137,7 @@ class FilesBackend(Backend):
                 if isinstance(held, str):
                     self._held[loader] = held
                 else:
-                    # Each worker checks what each descriptor is (a regular file open read-only,
-                    # unlocked) before it reopens it, and the parent reads the offsets at each fork.
-                    # A few are looked at here too, so that a worker with none to reopen runs
-                    # nothing; thousands are not (an fstat and fcntl each, before the first fork).
-                    fds = sorted(held)
-                    if len(fds) < _READ_BEHIND:
-                        fds = [fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(native.file_records(tuple(fds), True))]
-                    paths = tuple((fd, names[fd]) for fd in fds if fd in names)
-                    records, states = _reopen.unrecorded(fds), _lock_states(len(fds))
-                    # Many files: their locks read on a thread of the parent's while it forks.
-                    reader = native.read_locks_behind(records, states) if len(fds) >= _READ_BEHIND else None
-                    self._held[loader] = _Held(records, paths, states, reader)
+                    self._held[loader] = _held_records(sorted(held), names)
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -155,12 +145,12 @@ class FilesBackend(Backend):
 
 
 class _Held(NamedTuple):
-    """What a loader's objects held at its start: the descriptors (``native.file_records``' records
-    without identity or offset, sorted by fd), the paths the file objects among them were opened by
-    (by fd), the start's lock states, one byte a record, which its workers share, and the thread
-    reading them meanwhile (``native.read_locks_behind``), if any."""
+    """What a loader's objects held at its start: the records (``native.file_records``', sorted by
+    fd) of their descriptors, the paths the file objects among them were opened by (by fd), the
+    start's lock states, one byte a record, which its workers share, and the thread reading the
+    identities and locks meanwhile (``native.read_locks_behind``), if any."""
 
-    records: bytes
+    records: bytes | bytearray
     paths: _reopen.Paths
     lock_states: mmap.mmap | bytearray
     reader: Any
@@ -171,6 +161,27 @@ _NO_STATES = bytearray()
 # workers (~2.5 us a file, on a core the start leaves idle): the first worker would read them all
 # before it could reopen its last file. Fewer cost a worker less than starting a thread (~50 us).
 _READ_BEHIND = 64
+
+
+def _held_records(fds: list[int], names: dict[int, bytes]) -> _Held:
+    """The start's ``_Held`` of the descriptors ``fds`` (sorted) the loader's objects hold. Each
+    record's identity (st_dev, st_ino) is read before any offset (a worker finding its descriptor
+    names another file since reads its own offset): here for a few, with each one's access mode, so
+    that a worker with none to reopen runs nothing; for thousands, on a thread of the parent's while
+    it goes on to fork (``native.read_locks_behind``: the first fork waits for them, about 0.6 us a
+    file; then it reads their locks for the workers, on a core the start leaves idle). Each worker
+    checks what each descriptor is (a regular file open read-only, unlocked) before reopening it."""
+    reader = None
+    if len(fds) >= _READ_BEHIND:
+        states = _lock_states(len(fds))
+        unidentified = bytearray(_reopen.unrecorded(fds))
+        reader = native.read_locks_behind(unidentified, states)
+        records: bytes | bytearray = unidentified
+    if reader is None:
+        records = native.file_records(tuple(fds), True)
+        fds = [fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records)]
+        states = _lock_states(len(fds))
+    return _Held(records, tuple((fd, names[fd]) for fd in fds if fd in names), states, reader)
 
 
 def _lock_states(count: int) -> mmap.mmap | bytearray:

@@ -417,14 +417,18 @@ def lock_reader():
         fds.append(os.open(os.path.join(directory, str(i)), os.O_RDONLY))
     fcntl.flock(fds[7], fcntl.LOCK_EX)
     fcntl.flock(fds[8], fcntl.LOCK_SH)
-    records = b"".join(RECORD.pack(fd, 0, 0, -1) for fd in fds)
+    records = bytearray(b"".join(RECORD.pack(fd, 0, 0, -1) for fd in fds))
     assert _native_fallback.read_locks_behind(records, mmap.mmap(-1, count)) is None
+    _native_fallback.lock_reader_identified(None)
     _native_fallback.stop_lock_reader(None)
     tasks_before, ids_before = set(os.listdir("/proc/self/task")), _native.thread_ids()
     states = mmap.mmap(-1, count)
     reader = _native.read_locks_behind(records, states)
     assert reader is not None
     tasks, ids = set(os.listdir("/proc/self/task")), _native.thread_ids()
+    _native.lock_reader_identified(reader)  # each record's identity written first
+    identities = [(dev, ino) for _, dev, ino, _ in RECORD.iter_unpack(records)]
+    assert identities == [(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in fds], identities[:3]
     within = _native.threads_within(tuple(ids_before))
     r, w = os.pipe()
     pid = os.fork()
@@ -459,10 +463,11 @@ def lock_reader():
     states = mmap.mmap(-1, count)
     reader = _native.read_locks_behind(records, states)
     _native.stop_lock_reader(reader)
+    _native.lock_reader_identified(reader)  # stopped: nothing to wait for
     assert set(os.listdir("/proc/self/task")) == tasks_before
     assert bytes(states).count(0) > 0 and set(bytes(states)) <= {0, 1, 2}, bytes(states)
     for bad, error in (((records[:-1], states), ValueError), ((records, bytes(count)), BufferError),
-                       ((records, mmap.mmap(-1, 2)), ValueError)):
+                       ((records, mmap.mmap(-1, 2)), ValueError), ((bytes(records), states), BufferError)):
         try:
             _native.read_locks_behind(*bad)
         except error:
