@@ -19,6 +19,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -177,6 +178,7 @@ static void set_identified(lock_reader *reader) {
 static void *read_locks(void *arg) {
     lock_reader *reader = arg;
     __atomic_store_n(&reader_tids[reader->slot], (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    prctl(PR_SET_NAME, "sl-lock-reader", 0, 0, 0);  /* for people reading top -H or a stack dump */
     /* First, in the process's own table, what each descriptor names (an fstat each, no descriptor
      * made): the parent waits for these before its first fork reads the offsets, so that a worker
      * can tell a descriptor swapped for another file since (the offset read is then not its own). */

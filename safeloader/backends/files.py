@@ -157,9 +157,9 @@ class _Held(NamedTuple):
 
 
 _NO_STATES = bytearray()
-# From this many held files the parent reads their locks on a thread of its own while it forks the
-# workers (~2.5 us a file, on a core the start leaves idle): the first worker would read them all
-# before it could reopen its last file. Fewer cost a worker less than starting a thread (~50 us).
+# From this many held files the parent reads their identities and locks on a thread of its own
+# while it forks the workers (~3 us a file, on a core the start leaves idle): the first worker would
+# read the locks before it could reopen its last file. Fewer cost less than starting a thread (~50 us).
 _READ_BEHIND = 64
 
 
@@ -191,9 +191,7 @@ def _lock_states(count: int) -> mmap.mmap | bytearray:
     MAP_SHARED mapping, made before the forks). Each description's locks are read once (about 2-3 us
     a file from /proc/self/fdinfo) by the parent's lock reader or whichever worker comes to it
     first, instead of by the parent before it forks any. A lock taken or released in the parent
-    while the workers start may be seen by some workers and not others, as one taken during a fork;
-    a held descriptor the parent closes and reuses for another file meanwhile may be given the old
-    one's answer."""
+    while the workers start may be seen by some workers and not others, as one taken during a fork."""
     return mmap.mmap(-1, count) if count else _NO_STATES
 
 
