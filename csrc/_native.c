@@ -14,10 +14,12 @@
  *   of the open descriptors; descriptor_kinds(), whether a read-only file or a TCP socket is
  *   open, allocating nothing (between a loader start's forks); reserve_descriptor_slots(), grow
  *   the descriptor table ahead of need (safeloader/_fd_table.py).
- * - private_files.c: file_records(), unlocked_file_records() and file_offsets(), what the parent records of the regular
+ * - private_files.c: file_records() and file_offsets(), what the parent records of the regular
  *   files a worker inherits, and privatize_files(), the worker's own open file description of
  *   each read-only one (the "files" hook: a Dataset may hold thousands).
- * - file_locks.c: exclusively_locked(), the descriptions holding an exclusive flock or OFD lock.
+ * - file_locks.c: exclusively_locked(), the descriptions holding an exclusive flock or OFD lock;
+ *   read_locks_behind(), lock_reader_identified() and stop_lock_reader(), the parent's thread
+ *   reading a start's identities and locks.
  * - proc_entries.c: the allocation-free listing of /proc/self/task and /proc/self/fd that
  *   threads_within and descriptor_kinds share.
  * - signals.c: signal_handler_address() tells whether a signal is free (a handler installed
@@ -123,26 +125,36 @@ static PyMethodDef methods[] = {
      "file_records($module, fds, read_only, /)\n--\n\n"
      "The records (bytes: struct \"=qQQq\" each) of the regular files among `fds` (a tuple; None: every "
      "open descriptor) as (fd, st_dev, st_ino, offset or -1), only those open read-only with `read_only`."},
-    {"unlocked_file_records", sl_unlocked_file_records, METH_O,
-     "unlocked_file_records($module, fds, /)\n--\n\n"
-     "The records (file_records', offset -1) of the regular files among `fds` (a tuple) open read-only "
-     "whose open file description holds no exclusive flock or OFD lock."},
     {"file_offsets", sl_file_offsets, METH_O,
      "file_offsets($module, records, /)\n--\n\n"
      "`records` (file_records' bytes), each with the offset its descriptor has now (-1: closed, or "
      "cannot seek); st_dev and st_ino as given."},
     {"privatize_files", sl_privatize_files, METH_VARARGS,
-     "privatize_files($module, records, skip, virtual_devices, check_locks, paths, /)\n--\n\n"
+     "privatize_files($module, records, skip, virtual_devices, check_locks, paths, lock_states=None, first=0, /)\n--\n\n"
      "(privatized, failed): give each descriptor of `records` (file_records') still open read-only on a "
      "regular file its own open file description, at the recorded offset, under the same number, opened "
      "by its path in `paths` ((fd, bytes) sorted by fd) where that names the same file, else through "
      "/proc/self/fd; "
-     "skipped: `skip`, files on `virtual_devices`, with `check_locks` descriptions holding an exclusive "
-     "lock. `failed`: (fd, errno) of those left shared."},
+     "skipped: `skip`, files on `virtual_devices`, descriptions holding an exclusive lock (read with "
+     "`check_locks`, or once among a start's workers through `lock_states`, a writable byte a record), "
+     "without `check_locks` a number naming another file than its record. Going round from the record "
+     "`first`. `failed`: (fd, errno) of those left shared."},
     {"exclusively_locked", sl_exclusively_locked, METH_O,
      "exclusively_locked($module, fds, /)\n--\n\n"
      "The descriptors of `fds` (a tuple) whose open file description holds an exclusive flock or OFD "
      "lock, read from /proc/self/fdinfo."},
+    {"read_locks_behind", sl_read_locks_behind, METH_VARARGS,
+     "read_locks_behind($module, records, lock_states, /)\n--\n\n"
+     "Start a thread writing the identity of each descriptor of `records` (file_records', writable) into "
+     "its record, then reading their locks into `lock_states` (a writable byte a record: 1 free, 2 "
+     "exclusively locked), as privatize_files does; a capsule that stops and joins it when it goes, or "
+     "None where no thread could start."},
+    {"stop_lock_reader", sl_stop_lock_reader, METH_O,
+     "stop_lock_reader($module, reader, /)\n--\n\n"
+     "Stop read_locks_behind's thread (before its next file) and join it."},
+    {"lock_reader_identified", sl_lock_reader_identified, METH_O,
+     "lock_reader_identified($module, reader, /)\n--\n\n"
+     "Wait until read_locks_behind's thread has written each record's identity (st_dev, st_ino)."},
     {"signal_handler_address", sl_signal_handler_address, METH_VARARGS,
      "signal_handler_address($module, signum, /)\n--\n\n"
      "The address of the current handler of `signum` as sigaction() gives it (also one installed "

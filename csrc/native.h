@@ -37,13 +37,17 @@ PyObject *sl_reserve_descriptor_slots(PyObject *self, PyObject *arg);
 /* private_files.c: the "files" hook's records of regular files, and a worker's own descriptions of them. */
 PyObject *sl_file_records(PyObject *self, PyObject *args);
 PyObject *sl_file_offsets(PyObject *self, PyObject *records);
-PyObject *sl_unlocked_file_records(PyObject *self, PyObject *fds);
 PyObject *sl_privatize_files(PyObject *self, PyObject *args);
 
 /* file_locks.c: whether an open file description holds an exclusive flock or OFD lock. `info`: an
  * open /proc/self/fdinfo (and `name` the descriptor's number), or -1 and `name` the full path. */
 int sl_holds_exclusive_lock(int info, const char *name);
 PyObject *sl_exclusively_locked(PyObject *self, PyObject *fds);
+PyObject *sl_read_locks_behind(PyObject *self, PyObject *args);
+PyObject *sl_stop_lock_reader(PyObject *self, PyObject *capsule);
+PyObject *sl_lock_reader_identified(PyObject *self, PyObject *capsule);
+/* Whether `tid` is one of safeloader's own lock readers (file_locks.c): thread_ids() leaves them out. */
+int sl_own_thread(long tid);
 
 /* signals.c: signal dispositions, and the Python face of backtrace.c. */
 PyObject *sl_signal_handler_address(PyObject *self, PyObject *args);

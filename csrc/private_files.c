@@ -1,8 +1,8 @@
 /*
  * The "files" hook's work on descriptors (safeloader/backends/files.py, _reopen.py): what the parent
- * records of the regular files a worker inherits (file_records; for a loader's held files
- * unlocked_file_records once per start, and file_offsets at each fork), and the worker's own open
- * file description of each one open read-only, installed under the same number (privatize_files).
+ * records of the regular files a worker inherits (file_records; for a loader's held files once per
+ * start, and file_offsets at each fork), and the worker's own open file description of each one
+ * open read-only, installed under the same number (privatize_files).
  *
  * Why native: a Dataset may hold thousands of files (shards opened in __init__). In Python each
  * one cost the parent about 4 us per fork (an fstat, fcntl and lseek, and their objects) and each
@@ -12,9 +12,9 @@
  * per worker. Here a worker makes no Python object per file, and the parent hands it one bytes
  * object. What is left is the kernel's: each worker's reopen (by path where the parent knows it,
  * about 3 us a file, else through /proc/self/fd), reading each description's locks from
- * /proc/self/fdinfo (file_locks.c, about 2-3 us a file: once per start in the parent for the
- * files a loader's objects hold; in the worker, check_locks, where every read-only file is
- * privatized), and one lseek a file at each fork in the parent.
+ * /proc/self/fdinfo (file_locks.c, about 2-3 us a file: for the files a loader's objects hold,
+ * once per start, shared among its workers through lock_states; with check_locks, where every
+ * read-only file is privatized, by each worker), and one lseek a file at each fork in the parent.
  *
  * A record is `sl_file_record`, packed in a bytes object (the Python side reads it with the
  * struct format "=qQQq", _reopen.RECORD): the descriptor, its file's st_dev and st_ino, and its
@@ -33,13 +33,15 @@
 
 typedef struct {
     int64_t fd;
-    uint64_t dev, ino;
-    int64_t offset; /* -1: cannot seek (the worker reads its own) */
+    uint64_t dev, ino; /* both 0: not recorded */
+    int64_t offset;    /* -1: cannot seek (the worker reads its own) */
 } sl_file_record;
 
 /* File status flags a fresh description keeps (_reopen._KEPT_STATUS_FLAGS; the access mode is
  * read-only). O_LARGEFILE is 0 on 64-bit builds, as in Python's os module. */
 #define KEPT_STATUS_FLAGS (O_NONBLOCK | O_DIRECT | O_NOATIME | O_LARGEFILE | O_SYNC | O_DSYNC)
+
+enum { LOCK_FREE = 1, LOCK_HELD = 2 }; /* privatize_files' lock_states */
 
 static int read_only(int flags) { return (flags & O_ACCMODE) == O_RDONLY && !(flags & O_PATH); }
 
@@ -117,35 +119,6 @@ PyObject *sl_file_records(PyObject *Py_UNUSED(self), PyObject *args) {
                                                  (Py_ssize_t)(records.count * sizeof(sl_file_record)));
     free(records.items);
     return result;
-}
-
-/* unlocked_file_records(fds) -> bytes: the records (offset -1) of the regular files among `fds` (a
- * tuple) open read-only whose description holds no exclusive flock or OFD lock (see file_locks.c).
- * The parent's, once per loader start, for the files its objects hold: one pass, where
- * exclusively_locked and file_records took two (each file's kernel objects looked up twice). */
-PyObject *sl_unlocked_file_records(PyObject *Py_UNUSED(self), PyObject *fds) {
-    if (!PyTuple_Check(fds)) return PyErr_Format(PyExc_TypeError, "fds must be a tuple, got %.80s", Py_TYPE(fds)->tp_name);
-    records_t records = {0};
-    int info_dir = PyTuple_GET_SIZE(fds) ? open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fds); i++) {
-        long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
-        if (fd == -1 && PyErr_Occurred()) goto error;
-        sl_file_record record;
-        if (fd < 0 || fd > INT32_MAX || !record_of((int)fd, 1, &record, 0)) continue;
-        char info[40];
-        snprintf(info, sizeof info, "/proc/self/fdinfo/%ld", fd);
-        if (sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? strrchr(info, '/') + 1 : info)) continue;
-        if (add_record(&records, &record) < 0) goto error;
-    }
-    if (info_dir >= 0) close(info_dir);
-    PyObject *result = PyBytes_FromStringAndSize((const char *)records.items,
-                                                 (Py_ssize_t)(records.count * sizeof(sl_file_record)));
-    free(records.items);
-    return result;
-error:
-    if (info_dir >= 0) close(info_dir);
-    free(records.items);
-    return NULL;
 }
 
 /* file_offsets(records) -> bytes: `records` (file_records' bytes, made once per loader start), each
@@ -250,28 +223,36 @@ static long *longs_of(PyObject *tuple, const char *what, Py_ssize_t *count) {
     return values;
 }
 
-/* privatize_files(records, skip, virtual_devices, check_locks, paths) -> (privatized, failed): in a worker,
- * give each descriptor of `records` (file_records' bytes, made by the parent before the fork) that
- * is still a regular file open read-only its own open file description of the same file, at the
- * offset recorded (read now where the descriptor names another file since, or none was recorded),
- * with the same status flags and close-on-exec flag, under the same number: every object holding
- * the number keeps working, and the parent's descriptors are untouched. Reopened by its path in
- * `paths` where that still names the same file (open_by_path), else through /proc/self/fd/N, which
- * reaches the file even if moved or deleted. Skipped: the descriptors
- * of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev), writable
- * descriptors, and, with `check_locks` (else the parent left them out of `records`: see
- * exclusively_locked), descriptions holding an exclusive lock; without it, descriptors that name
- * another file than their record (the parent vetted the files recorded). `privatized`: a tuple of the
- * descriptors given their own description; `failed`: a tuple of (descriptor, errno) of those
- * that could not be (left shared as they were). */
+/* privatize_files(records, skip, virtual_devices, check_locks, paths, lock_states=None, first=0) ->
+ * (privatized, failed): in a worker, give each descriptor of `records` (file_records' bytes, made by
+ * the parent) that is still a regular file open read-only its own open file description of the
+ * same file, at the offset recorded (read now where the descriptor names another file since, or
+ * none was recorded), with the same status flags and close-on-exec flag, under the same number:
+ * every object holding the number keeps working, and the parent's descriptors are untouched.
+ * Reopened by its path in `paths` where that still names the same file (open_by_path), else
+ * through /proc/self/fd/N, which reaches the file even if moved or deleted. Skipped: the
+ * descriptors of `skip` (a tuple), files on `virtual_devices` (st_dev values: /proc, /sys, /dev),
+ * writable descriptors, and descriptions holding an exclusive lock (file_locks.c). `check_locks`:
+ * the records are every read-only file at the fork, each description's locks read here; without
+ * it they are the parent's vetted set (a loader's files), and a number naming another file than
+ * its record is not one of them. `lock_states` (vetted records only): a writable buffer of one
+ * byte a record, shared by the start's workers (a MAP_SHARED mapping the parent made before the
+ * forks): 0 not read yet, else LOCK_FREE or LOCK_HELD; a worker reads a description's locks only
+ * where no worker of the start has, and stores what it found. `first`: the record to begin with
+ * (going round): the start's workers begin at different records, so each reads the locks of its
+ * own share, where they find the others' results. `privatized`: a tuple of the descriptors given
+ * their own description; `failed`: a tuple of (descriptor, errno) of those that could not be
+ * (left shared as they were). */
 PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer buffer;
-    PyObject *skip_tuple, *virtual_tuple, *paths;
+    Py_buffer buffer, states_buffer = {0};
+    PyObject *skip_tuple, *virtual_tuple, *paths, *states_object = Py_None;
     int check_locks;
-    if (!PyArg_ParseTuple(args, "y*OOpO!:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks,
-                          &PyTuple_Type, &paths))
+    Py_ssize_t first = 0;
+    if (!PyArg_ParseTuple(args, "y*OOpO!|On:privatize_files", &buffer, &skip_tuple, &virtual_tuple, &check_locks,
+                          &PyTuple_Type, &paths, &states_object, &first))
         return NULL;
     PyObject *result = NULL, *privatized = NULL, *failed = NULL;
+    unsigned char *states = NULL;
     long *skip = NULL, *virtual_devices = NULL;
     int *done = NULL, *failures = NULL;
     int fd_dir = -1, info_dir = -1;
@@ -282,6 +263,19 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     const sl_file_record *records = buffer.buf;
     size_t count = (size_t)buffer.len / sizeof(sl_file_record);
+    if (states_object != Py_None) {
+        if (PyObject_GetBuffer(states_object, &states_buffer, PyBUF_WRITABLE) < 0) goto out;
+        if ((size_t)states_buffer.len != count) {
+            PyErr_Format(PyExc_ValueError, "lock_states must hold one byte a record (%zu), got %zd", count,
+                         states_buffer.len);
+            goto out;
+        }
+        states = states_buffer.buf;
+    }
+    if (first < 0) {
+        PyErr_Format(PyExc_ValueError, "first must be >= 0, got %zd", first);
+        goto out;
+    }
     if ((skip = longs_of(skip_tuple, "skip", &skips)) == NULL) goto out;
     if ((virtual_devices = longs_of(virtual_tuple, "virtual_devices", &virtuals)) == NULL) goto out;
     qsort(skip, (size_t)skips, sizeof *skip, compare_fds);
@@ -291,9 +285,10 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
     if (count) {  /* entries opened relative to their directory: a shorter lookup. Without a descriptor
                    * to spare (EMFILE), by their full path: each reopen then fails on its own, reported. */
         fd_dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (check_locks) info_dir = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (check_locks || states) info_dir = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     }
-    for (size_t i = 0; i < count; i++) {
+    for (size_t step = 0; step < count; step++) {
+        size_t i = ((size_t)first + step) % count;
         const sl_file_record *record = &records[i];
         if (record->fd < 0 || record->fd > INT32_MAX) continue;
         int fd = (int)record->fd;
@@ -301,7 +296,10 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         if (skips && bsearch(&key, skip, (size_t)skips, sizeof *skip, compare_fds) != NULL) continue;
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;  /* closed, or another kind of file since */
-        int same = record->dev == (uint64_t)st.st_dev && record->ino == (uint64_t)st.st_ino;
+        /* Identity 0/0: not recorded (a loader's files: the descriptor the worker inherited is the one
+         * its offset was read from at the fork, whatever it names). */
+        int same = (record->dev == 0 && record->ino == 0) ||
+                   (record->dev == (uint64_t)st.st_dev && record->ino == (uint64_t)st.st_ino);
         /* Without check_locks the records are the parent's vetted set (a loader's files, their locks
          * read at the start): a number that names another file now is not one of them. */
         if (!same && !check_locks) continue;
@@ -314,7 +312,16 @@ PyObject *sl_privatize_files(PyObject *Py_UNUSED(self), PyObject *args) {
         snprintf(entry, sizeof entry, "/proc/self/fd/%d", fd);
         snprintf(info, sizeof info, "/proc/self/fdinfo/%d", fd);
         const char *name = strrchr(entry, '/') + 1;
-        if (check_locks && sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info)) continue;
+        if (check_locks || states) {
+            /* Relaxed: a byte is written once per start with the answer any worker finds (the
+             * description is the one they all inherited), and read no matter how stale. */
+            int state = states ? __atomic_load_n(&states[i], __ATOMIC_RELAXED) : 0;
+            if (state == 0) {
+                state = sl_holds_exclusive_lock(info_dir, info_dir >= 0 ? name : info) ? LOCK_HELD : LOCK_FREE;
+                if (states) __atomic_store_n(&states[i], (unsigned char)state, __ATOMIC_RELAXED);
+            }
+            if (state == LOCK_HELD) continue;
+        }
         /* The parent's offset at the fork, where the descriptor still names that file: the parent runs
          * on while the worker starts, and may have moved the shared offset since. */
         off_t offset = record->offset;
@@ -360,6 +367,7 @@ out:
     free(virtual_devices);
     free(done);
     free(failures);
+    PyBuffer_Release(&states_buffer); /* a no-op where none was taken (obj NULL) */
     PyBuffer_Release(&buffer);
     return result;
 }

@@ -24,7 +24,7 @@ PyObject *sl_thread_ids(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(unused)) 
     while ((entry = readdir(dir)) != NULL) {
         char *end;
         long tid = strtol(entry->d_name, &end, TID_BASE);
-        if (entry->d_name[0] == '\0' || *end != '\0') continue;  /* "." and ".." */
+        if (entry->d_name[0] == '\0' || *end != '\0' || sl_own_thread(tid)) continue;  /* "." and "..", ours */
         PyObject *value = PyLong_FromLong(tid);
         if (value == NULL || PyList_Append(result, value) < 0) {
             Py_XDECREF(value); Py_DECREF(result); closedir(dir); return NULL;
@@ -46,6 +46,7 @@ struct within {
 
 static int tid_known(long tid, int Py_UNUSED(own), void *data) {
     struct within *check = data;
+    if (sl_own_thread(tid)) return 1;
     Py_ssize_t low = 0, high = PyTuple_GET_SIZE(check->known);
     while (low < high) {
         Py_ssize_t middle = low + (high - low) / 2;

@@ -44,8 +44,10 @@ __all__ = [
     "keep_errno",
     "loaded_counters",
     "loaded_objects",
+    "lock_reader_identified",
     "privatize_files",
     "python_frames",
+    "read_locks_behind",
     "read_proc",
     "regular_file_offsets",
     "release_backtrace_handler",
@@ -53,11 +55,11 @@ __all__ = [
     "signal_handler_address",
     "signal_thread",
     "stop_if_parked",
+    "stop_lock_reader",
     "thread_census",
     "thread_ids",
     "thread_state",
     "threads_within",
-    "unlocked_file_records",
     "warm_backtrace",
 ]
 
@@ -104,13 +106,7 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return _impl.file_records(fds, read_only)
 
 
-def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
-    """``file_records(fds, True)`` (offsets -1) less the descriptions holding an exclusive flock or
-    OFD lock (``exclusively_locked``), in one pass."""
-    return _impl.unlocked_file_records(fds)
-
-
-def file_offsets(records: bytes) -> bytes:
+def file_offsets(records: bytes | bytearray) -> bytes:
     """``records`` (``file_records``'), each with the offset its descriptor has now (-1: closed, or
     cannot seek): one lseek a file, the identities as recorded."""
     return _impl.file_offsets(records)
@@ -122,16 +118,37 @@ def privatize_files(
     virtual_devices: tuple[int, ...],
     check_locks: bool,
     paths: tuple[tuple[int, bytes], ...],
+    lock_states: Any = None,
+    first: int = 0,
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """In a worker: give each read-only regular file of ``records`` its own description at the
-    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``
-    (why and how: csrc/private_files.c)."""
-    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths)
+    recorded offset, under the same number; ``(privatized, (fd, errno) of those left shared)``;
+    ``lock_states``: a writable byte a record, the locks read once among a start's workers,
+    ``first``: the record to begin with (why and how: csrc/private_files.c)."""
+    return _impl.privatize_files(records, skip, virtual_devices, check_locks, paths, lock_states, first)
 
 
 def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     """The descriptors of ``fds`` whose open file description holds an exclusive flock or OFD lock."""
     return _impl.exclusively_locked(fds)
+
+
+def read_locks_behind(records: bytearray, lock_states: Any) -> Any:
+    """Start a thread that writes the identity (st_dev, st_ino) of each descriptor of ``records``
+    into its record, then reads their locks into ``lock_states`` (a writable byte a record, as
+    ``privatize_files`` reads them); a handle for ``lock_reader_identified`` and
+    ``stop_lock_reader`` (the thread is stopped when it goes), or None where none started."""
+    return _impl.read_locks_behind(records, lock_states)
+
+
+def lock_reader_identified(reader: Any) -> None:
+    """Wait until ``read_locks_behind``'s thread has written every record's identity."""
+    _impl.lock_reader_identified(reader)
+
+
+def stop_lock_reader(reader: Any) -> None:
+    """Stop ``read_locks_behind``'s thread (before its next file) and wait for it."""
+    _impl.stop_lock_reader(reader)
 
 
 READ_ONLY_FILE, REGULAR_FILE, TCP_SOCKET = 1, 2, 4  # descriptor_kinds' bits

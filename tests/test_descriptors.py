@@ -54,10 +54,12 @@ print(worker_scans(("files", "sockets")))
     assert unrecorded == "1 True True parent listed 0"  # no list from the parent: the worker listed once
 
 
-def test_a_file_swapped_under_the_same_descriptor_after_the_listing_is_read_as_the_new_file() -> None:
+@pytest.mark.parametrize("shards", [0, 100])
+def test_a_file_swapped_under_the_same_descriptor_after_the_listing_is_read_as_the_new_file(shards: int) -> None:
     """A parent thread may replace a descriptor between the parent's listing and the fork;
-    the worker must give it the new file's own offset, not the offset listed for the old one."""
-    code = """
+    the worker must give it the new file's own offset, not the offset listed for the old one.
+    With 100 more files held, the identities are read by the parent's lock reader thread."""
+    code = f"SHARDS = {shards}\n" + """
 import os, tempfile
 import safeloader, torch
 
@@ -81,6 +83,7 @@ safeloader.register_at_fork(before=swap, name="test.swap", first=True)
 class Reader(torch.utils.data.Dataset):
     def __init__(self):
         self.old = old  # held by the Dataset: the "files" hook acts on it
+        self.shards = [open(old_path, "rb") for _ in range(SHARDS)]
     def __len__(self):
         return 1
     def __getitem__(self, index):

@@ -221,6 +221,50 @@ def test_descriptor_holding_an_exclusive_lock_is_left_shared(tmp_path):
     assert list(DataLoader(dataset, num_workers=1)) == [torch.tensor([True])]
 
 
+class ManyShardsOneLocked(Dataset):
+    """Shards the Dataset holds, more than the parent reads the locks of on its lock reader thread,
+    one of them (in the middle: read by that thread or by a worker) exclusively locked. Each item
+    seeks its shard and re-locks the locked one without blocking: it reports whether that worked,
+    and the shard's offset after its seek."""
+
+    def __init__(self, directory, count: int) -> None:
+        self.shards = []
+        for i in range(count):
+            (directory / f"{i}.bin").write_bytes(bytes(range(64)))
+            self.shards.append(open(directory / f"{i}.bin", "rb"))
+        self.locked = self.shards[count // 2]
+        fcntl.flock(self.locked, fcntl.LOCK_EX)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        try:  # a worker re-locking a private copy of the parent's locked description would block
+            fcntl.flock(self.locked, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            relocked = True
+        except BlockingIOError:
+            relocked = False
+        shard = self.shards[i]
+        shard.seek(10 + i)
+        return relocked, shard.read(1)[0]
+
+
+def test_many_held_files_are_private_and_a_locked_one_stays_shared_with_its_locks_read_behind(tmp_path, monkeypatch):
+    # Above files_backend._READ_BEHIND held files the parent reads their locks on a thread of its own
+    # while it forks (the workers find them read): the locked one is still found and left shared,
+    # every other shard is the worker's own (its seeks leave the parent's offsets at 0).
+    readers = []
+    real = files_backend.native.read_locks_behind
+    monkeypatch.setattr(files_backend.native, "read_locks_behind",
+                        lambda *args: readers.append(real(*args)) or readers[-1])
+    count = files_backend._READ_BEHIND * 3
+    dataset = ManyShardsOneLocked(tmp_path, count)
+    items = list(DataLoader(dataset, batch_size=None, num_workers=3))
+    assert items == [[True, 10 + i] for i in range(8)], items  # batch_size=None: the tuple collated to a list
+    assert [os.lseek(shard.fileno(), 0, os.SEEK_CUR) for shard in dataset.shards] == [0] * count
+    assert len(readers) == 1 and (readers[0] is not None) == safeloader.NATIVE, readers
+
+
 def test_files_hook_can_be_disabled_per_loader(tmp_path):
     binary, _, data = write_records(tmp_path)
     dataset = SequentialReader(str(binary), start=0)

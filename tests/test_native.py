@@ -97,6 +97,16 @@ def test_privatize_files_agree_and_give_each_read_only_file_its_own_offset_or_re
     assert result.stdout.strip() == "ok", result
 
 
+@pytest.mark.skipif(not safeloader.NATIVE, reason="needs the C extension")
+def test_lock_reader_reads_each_lock_unseen_by_the_census_and_leaks_nothing_into_a_fork():
+    # The parent's thread that reads a start's locks while it forks: each lock read into the shared
+    # states (one exclusively locked: 2, shared-locked and free: 1), left out of thread_ids and
+    # threads_within while it runs (it is no library's pool), none of its descriptors in a child
+    # forked meanwhile (a table of its own); stopping it early leaves the rest to the workers.
+    result = check_script("native_parity.py", "lock_reader", timeout=60)
+    assert result.stdout.strip() == "ok", result
+
+
 def test_descriptor_kinds_agree_and_see_read_only_files_and_tcp_sockets():
     # What the child starts with (stdin: /dev/null; stdout: the helper's file, open for writing, or a
     # pipe), a file open for writing (2), unix and UDP sockets (no kind), a TCP socket (4), an
@@ -209,9 +219,11 @@ NATIVE_FUNCTIONS = (
     "regular_file_offsets",
     "file_records",
     "file_offsets",
-    "unlocked_file_records",
     "privatize_files",
     "exclusively_locked",
+    "read_locks_behind",
+    "lock_reader_identified",
+    "stop_lock_reader",
     "reserve_descriptor_slots",
     "signal_handler_address",
     "free_signals",

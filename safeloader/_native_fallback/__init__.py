@@ -1,5 +1,5 @@
-"""Pure-Python stand-in for the ``safeloader._native`` C extension: same functions, same answers, two
-gaps (docs/internals.md, ``safeloader._native_fallback``). ``native`` loads this package; each
+"""Pure-Python stand-in for the ``safeloader._native`` C extension: same functions, same answers, a
+few gaps (docs/internals.md, ``safeloader._native_fallback``). ``native`` loads this package; each
 function lives in the part for its job."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from .descriptors import (
     exclusively_locked,
     file_offsets,
     file_records,
+    lock_reader_identified,
     privatize_files,
+    read_locks_behind,
     regular_file_offsets,
     reserve_descriptor_slots,
-    unlocked_file_records,
+    stop_lock_reader,
 )
 from .forks import (
     exit_handler_lock,
@@ -62,19 +64,21 @@ __all__ = [
     "install_backtrace_handler",
     "keep_errno",
     "loaded_objects",
+    "lock_reader_identified",
     "parse_maps",
     "privatize_files",
     "probe_python_frames",
     "python_frames",
+    "read_locks_behind",
     "regular_file_offsets",
     "release_backtrace_handler",
     "reserve_descriptor_slots",
     "signal_handler_address",
     "signal_thread",
     "stop_if_parked",
+    "stop_lock_reader",
     "thread_ids",
     "thread_state",
     "threads_within",
-    "unlocked_file_records",
     "warm_backtrace",
 ]

@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 import struct
+from typing import Any
 
 
 def descriptor_table() -> tuple[tuple[int, int, int, int], ...]:
@@ -106,7 +107,7 @@ def file_records(fds: tuple[int, ...] | None, read_only: bool) -> bytes:
     return b"".join(records)
 
 
-def file_offsets(records: bytes) -> bytes:
+def file_offsets(records: bytes | bytearray) -> bytes:
     """``records`` (file_records'), each with the offset its descriptor has now (-1: closed, or cannot seek)."""
     if len(records) % _RECORD.size:
         raise ValueError("records must be file_records' bytes")
@@ -153,11 +154,18 @@ def exclusively_locked(fds: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fd for fd in fds if fd >= 0 and _holds_exclusive_lock(fd))
 
 
-def unlocked_file_records(fds: tuple[int, ...]) -> bytes:
-    """``file_records(fds, True)`` with offsets -1, less the descriptions ``exclusively_locked`` finds."""
-    locked = set(exclusively_locked(fds))
-    kept = file_records(tuple(fd for fd in fds if fd not in locked), True)
-    return b"".join(_RECORD.pack(fd, dev, ino, -1) for fd, dev, ino, _ in _RECORD.iter_unpack(kept))
+def read_locks_behind(records: bytearray, lock_states: Any) -> None:
+    """No thread here (one of the gaps): the caller records the identities, the workers read every lock."""
+    if len(records) % _RECORD.size:
+        raise ValueError("records must be file_records' bytes")
+
+
+def lock_reader_identified(reader: Any) -> None:
+    """Nothing to wait for: ``read_locks_behind`` starts no thread."""
+
+
+def stop_lock_reader(reader: Any) -> None:
+    """Nothing to stop: ``read_locks_behind`` starts none."""
 
 
 def _open_by_path(path: bytes, flags: int, found: os.stat_result) -> int:
@@ -185,22 +193,37 @@ def privatize_files(
     virtual_devices: tuple[int, ...],
     check_locks: bool,
     paths: tuple[tuple[int, bytes], ...],
+    lock_states: Any = None,
+    first: int = 0,
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """(privatized, failed): give each descriptor of ``records`` (file_records') still open read-only
     on a regular file its own open file description, at the recorded offset, under the same number,
     reopened by its path in ``paths`` where that names the same file, else through /proc/self/fd;
-    skipped: ``skip``, files on ``virtual_devices``, with ``check_locks`` descriptions holding an
-    exclusive lock. ``failed``: (fd, errno) of those left shared."""
+    skipped: ``skip``, files on ``virtual_devices``, descriptions holding an exclusive lock (read
+    with ``check_locks``, or through ``lock_states``: a byte a record, 0 not read yet, 1 free, 2
+    held); without ``check_locks`` a number naming another file than its record. Going round from
+    the record ``first``. ``failed``: (fd, errno) of those left shared."""
     import fcntl
 
     if len(records) % _RECORD.size:
         raise ValueError("records must be file_records' bytes")
+    count = len(records) // _RECORD.size
+    states = None if lock_states is None else memoryview(lock_states).cast("B")
+    if states is not None and states.readonly:
+        raise BufferError("lock_states must be writable")
+    if states is not None and len(states) != count:
+        raise ValueError(f"lock_states must hold one byte a record ({count}), got {len(states)}")
+    if first < 0:
+        raise ValueError(f"first must be >= 0, got {first}")
     skipped = set(skip)
     virtual = set(virtual_devices)
     known = dict(paths)
     privatized: list[int] = []
     failed: list[tuple[int, int]] = []
-    for fd, dev, ino, offset in _RECORD.iter_unpack(records):
+    unpacked = list(_RECORD.iter_unpack(records))
+    for step in range(count):
+        index = (first + step) % count
+        fd, dev, ino, offset = unpacked[index]
         if fd in skipped:
             continue
         try:
@@ -210,9 +233,17 @@ def privatize_files(
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         except OSError:  # closed since
             continue
-        same = (dev, ino) == (found.st_dev, found.st_ino)
-        if not _read_only(flags) or (check_locks and _holds_exclusive_lock(fd)) or not (same or check_locks):
+        same = (dev, ino) in ((found.st_dev, found.st_ino), (0, 0))  # 0, 0: not recorded
+        if not _read_only(flags) or not (same or check_locks):
             continue  # without check_locks, a number naming another file than its record is not one vetted
+        if check_locks or states is not None:
+            state = states[index] if states is not None else 0
+            if state == 0:
+                state = 2 if _holds_exclusive_lock(fd) else 1
+                if states is not None:
+                    states[index] = state
+            if state == 2:
+                continue
         fresh = -1
         try:
             if not same or offset < 0:

@@ -113,16 +113,13 @@ def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> froz
         # some objects refuse (numpy's NpzFile.f raises AttributeError for any name it lacks).
         cls = type(node)
         if cls in _IO_CLASSES or issubclass(cls, io.IOBase):  # the set first: thousands of shards, each
-            fd = _fileno(node)
-            if fd is not None:
-                fds.add(fd)
-                if names is not None and fd not in names:
-                    _add_name(node, fd, names)
+            _add_file(node, fds, names)
         elif hl_object is not None and issubclass(cls, hl_object):
             if not _h5py_file(node, h5py, fds, identities, h5py_files):
                 return EVERY_FILE
     if visits.cut:  # what the search did not reach may hold files: every one is made private, as before
         return EVERY_FILE
+    _add_files(visits.files, fds, names)  # the shards of large containers, taken without the walk
     # A number the Dataset holds may be a raw descriptor (os.open): kept if it names a regular file.
     fds.update(fd for fd in numbers if 0 <= fd < _descriptor_limit() and _is_regular_file(fd))
     if identities:  # files known by path only (HDF5 on the stdio driver): their descriptors, by inode
@@ -131,15 +128,47 @@ def held_descriptors(loader: Any, names: dict[int, bytes] | None = None) -> froz
     return frozenset(fds)
 
 
+def _add_file(f: Any, fds: set[int], names: dict[int, bytes] | None) -> None:
+    fd = _fileno(f)
+    if fd is not None:
+        fds.add(fd)
+        if names is not None and fd not in names:
+            _add_name(f, fd, names)
+
+
+def _add_files(files: list[Any], fds: set[int], names: dict[int, bytes] | None) -> None:
+    """``_add_file`` of each of ``files`` (io's own classes), inline: a Dataset may hold thousands."""
+    encoding, errors = _FS_ENCODING, _FS_ERRORS
+    for f in files:
+        try:
+            if f.closed:
+                continue
+            fd = f.fileno()
+            name = f.name if names is not None and fd not in names else None
+        except Exception:  # a file object that refuses (closed meanwhile, a raw fd without a name)
+            _add_file(f, fds, names)
+            continue
+        fds.add(fd)
+        if type(name) is str and name:
+            path = name.encode(encoding, errors)
+            if b"\0" not in path:
+                names[fd] = path  # type: ignore[index]
+        elif name is not None:
+            _add_name(f, fd, names)  # type: ignore[arg-type]
+
+
 class _Visits:
     """What is left of one search's budget of objects, shared by its probes of large containers,
-    and whether the search stopped before it had looked at everything it could reach."""
+    whether the search stopped before it had looked at everything it could reach, and the file
+    objects of io's own classes found in large containers (``files``: taken as they are, each
+    a leaf, outside the budget)."""
 
-    __slots__ = ("cut", "left")
+    __slots__ = ("cut", "files", "left")
 
     def __init__(self, left: int) -> None:
         self.left = left
         self.cut = False
+        self.files: list[Any] = []
 
 
 def _walk(
@@ -213,7 +242,11 @@ def _by_kind(items: Any, hl_object: type | None, visits: _Visits, numbers: set[i
         if cls not in _LEAF_TYPES:
             kinds.setdefault(cls, []).append(item)
     found = []
-    for kind in kinds.values():
+    for cls, kind in kinds.items():
+        if cls in _IO_CLASSES:  # thousands of shards: no walk, unless the program hung objects on some
+            visits.files += kind
+            found += [f for f in kind if not _names_only(f)]
+            continue
         probe_numbers: set[int] = set()
         probe = _walk(kind[:_PROBE], probe_numbers, _PROBE_NODES, hl_object, visits, probing=True)
         limit = _descriptor_limit()

@@ -6,10 +6,11 @@ How it works and why: docs/internals.md, ``safeloader.backends._reopen``.
 
 from __future__ import annotations
 
+import array
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,8 @@ _PROC_FD = _descriptors.PROC_FD
 # Filesystems whose content the kernel generates: an offset there is not shared data.
 _VIRTUAL_MOUNTS = ("/proc", "/sys", "/dev")
 RECORD = struct.Struct("=qQQq")
-"""``native.file_records``' record of a regular file: fd, st_dev, st_ino, offset (-1: cannot seek)."""
+"""``native.file_records``' record of a regular file: fd, st_dev, st_ino (both 0: not recorded),
+offset (-1: cannot seek)."""
 Paths = tuple[tuple[int, bytes], ...]
 """(fd, path) of the files whose path is known (a file object's ``name``), sorted by fd."""
 
@@ -137,11 +139,20 @@ def _current_offsets() -> bytes:
     return native.file_records(None, False)
 
 
+def unrecorded(fds: Sequence[int]) -> bytes:
+    """Records of ``fds`` with no identity (0, 0) and no offset (-1): made without a system call
+    (``native.file_offsets`` reads the offsets at each fork)."""
+    fields = array.array("q", bytes(RECORD.size * len(fds)))
+    fields[0::4] = array.array("q", fds)
+    fields[3::4] = array.array("q", [-1]) * len(fds)
+    return fields.tobytes()
+
+
 def _offset_at_fork(entry: InheritedFd) -> int:
     # In a worker, the parent's record for this fork; none where it made none.
     recorded = _context.fork_memo(_OFFSETS, bytes)
     for fd, dev, ino, offset in RECORD.iter_unpack(recorded):
-        if fd == entry.fd and (dev, ino) == (entry.dev, entry.ino) and offset >= 0:
+        if fd == entry.fd and (dev, ino) in ((entry.dev, entry.ino), (0, 0)) and offset >= 0:
             return offset
     return os.lseek(entry.fd, 0, os.SEEK_CUR)
 
@@ -189,16 +200,18 @@ def privatize(entry: InheritedFd, worker_id: int | None, *, read_only: bool = Tr
 
 
 def privatize_files(
-    records: bytes, worker_id: int | None, *, locks_checked: bool = False, paths: Paths = ()
+    records: bytes, worker_id: int | None, *, lock_states: Any = None, first: int = 0, paths: Paths = ()
 ) -> None:
     """Like ``privatize`` (read-only) for each descriptor of ``records`` (``native.file_records``',
-    made by the parent for this fork) still open read-only on a regular file, except those already
-    private, on /proc, /sys or /dev, or holding an exclusive flock/OFD lock (a lock, not a data
-    handle: a worker re-locking a private copy would block on the parent's lock), unless
-    ``locks_checked``: the parent left those out of ``records`` already. One call into
-    ``native.privatize_files``: no Python object per file (a Dataset may hold thousands). A file
-    whose path is in ``paths`` is reopened by it where that still names the same file (st_dev,
-    st_ino): a third cheaper than through ``/proc/self/fd``.
+    made by the parent) still open read-only on a regular file, except those already private, on
+    /proc, /sys or /dev, or holding an exclusive flock/OFD lock (a lock, not a data handle: a worker
+    re-locking a private copy would block on the parent's lock). ``lock_states``: the records are a
+    loader's vetted files, and the start's workers share what they read of the locks through it
+    (one byte a record in memory shared with them; ``first`` the record this worker begins with);
+    without it the records are every read-only file at the fork, each one's locks read here. One
+    call into ``native.privatize_files``: no Python object per file (a Dataset may hold thousands).
+    A file whose path is in ``paths`` is reopened by it where that still names the same file
+    (st_dev, st_ino): a third cheaper than through ``/proc/self/fd``.
 
     A file that cannot be reopened is left shared with the parent, as torch's DataLoader leaves
     it, with a warning once per path in this process (``SharedFileWarning``): the reopen can fail
@@ -208,7 +221,7 @@ def privatize_files(
     """
     process = _process.own()
     privatized, failed = native.privatize_files(
-        records, tuple(process.private), tuple(_virtual_device_ids()), not locks_checked, paths
+        records, tuple(process.private), tuple(_virtual_device_ids()), lock_states is None, paths, lock_states, first
     )
     process.private.update(privatized)
     for fd, code in failed:

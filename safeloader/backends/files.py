@@ -5,7 +5,9 @@ How it works and why: docs/internals.md, ``safeloader.backends.files``.
 
 from __future__ import annotations
 
+import functools
 import io
+import mmap
 import os
 import weakref
 from typing import Any, NamedTuple
@@ -22,18 +24,19 @@ SharedFileWarning = _reopen.SharedFileWarning
 
 
 def privatize_inherited_files(
-    records: bytes | None = None, *, locks_checked: bool = False, paths: _reopen.Paths = ()
+    records: bytes | None = None, *, lock_states: Any = None, first: int = 0, paths: _reopen.Paths = ()
 ) -> None:
     """In a worker: give each read-only regular file of ``records`` (``native.file_records``'; by
     default those the parent recorded for this fork, else every descriptor open now) its own
-    description; ``locks_checked``: the parent left out those holding an exclusive lock; ``paths``:
-    the paths the files were opened by, where known (see ``_reopen.privatize_files``)."""
+    description; ``lock_states``, ``first``: the records are a loader's files, their locks read
+    once among the start's workers; ``paths``: the paths the files were opened by, where known
+    (see ``_reopen.privatize_files``)."""
     if not _reopen.available():
         return
     context = fork_context()
     worker = context.worker_id if context is not None else None
     records = _reopen.offsets_at_fork() if records is None else records
-    _reopen.privatize_files(records, worker, locks_checked=locks_checked, paths=paths)
+    _reopen.privatize_files(records, worker, lock_states=lock_states, first=first, paths=paths)
 
 
 def reduce_file(f: Any) -> tuple[Any, ...]:
@@ -89,14 +92,19 @@ class FilesBackend(Backend):
     def before(self, ctx: ForkContext) -> Any:
         held = self._held.get(ctx.loader, _held_files.EVERY_FILE) if ctx is not None else _held_files.EVERY_FILE
         if isinstance(held, _Held):
-            # Each held descriptor (a regular file open read-only and unlocked at the start) with its
-            # offset now (one lseek each: the file's identity is the start's). The worker checks each
-            # again, and leaves one that names another file now (closed and reused since).
+            # Each descriptor the loader's objects held at the start, with its offset now (one lseek
+            # each). The worker checks what each one is (a regular file open read-only, unlocked).
             if not held.records:
                 return self.NOTHING_TO_DO
+            if held.reader is not None:  # stopped when the start's forks are done, not later
+                ctx.hold_for_start(NAME, functools.partial(native.stop_lock_reader, held.reader))
+                native.lock_reader_identified(held.reader)  # each record's identity, read before its offset
             records = native.file_offsets(held.records)
             _reopen.offsets_at_fork(records)  # the offsets _reopen.privatize reads (h5py's hook)
-            return records, held.paths
+            # Each worker begins its reopening at its own share of the records: the locks it reads
+            # there are the ones the others find already read.
+            first = ctx.worker_id * len(held.lock_states) // max(ctx.num_workers, 1)
+            return records, held.paths, held.lock_states, first
         # A file's access mode never changes: one the parent holds read-only now is read-only in the
         # worker. Without one, nothing to privatize (h5py's writable files are read by offset: pread).
         if not _descriptors.kinds_at_fork() & native.READ_ONLY_FILE:
@@ -104,12 +112,12 @@ class FilesBackend(Backend):
         _reopen.offsets_at_fork()  # made in the parent for this fork's hooks, and inherited by the worker
         return None
 
-    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths] | None) -> None:
+    def after_in_child(self, ctx: ForkContext, plan: tuple[bytes, _reopen.Paths, Any, int] | None) -> None:
         if plan is None:  # every read-only file, recorded by the parent for this fork
             privatize_inherited_files()
-        else:  # the records of the loader's files, whose locks prepare_start read
-            records, paths = plan
-            privatize_inherited_files(records, locks_checked=True, paths=paths)
+        else:  # the descriptors the loader's objects held, their locks read once among the start's workers
+            records, paths, lock_states, first = plan
+            privatize_inherited_files(records, lock_states=lock_states, first=first, paths=paths)
 
     def fast_fork(self, ctx: ForkContext, plan: Any) -> FastFork:
         # Nothing to do at a later fork while no read-only file is open (the C path checks each fork).
@@ -122,17 +130,14 @@ class FilesBackend(Backend):
             if not _hooks.hook_runs(NAME, options) or not _descriptors.AVAILABLE:
                 self._held.pop(loader, None)
             elif not native.descriptor_kinds(native.READ_ONLY_FILE) & native.READ_ONLY_FILE:
-                self._held[loader] = _Held(b"", ())
+                self._held[loader] = _Held(b"", (), _NO_STATES, None)
             else:
                 names: dict[int, bytes] = {}
                 held = _held_files.held_descriptors(loader, names)
                 if isinstance(held, str):
                     self._held[loader] = held
                 else:
-                    fds = tuple(sorted(held))
-                    records = _unlocked_read_only_files(fds)
-                    kept = fds if len(records) == len(fds) * _reopen.RECORD.size else _fds_of(records)
-                    self._held[loader] = _Held(records, tuple((fd, names[fd]) for fd in kept if fd in names))
+                    self._held[loader] = _held_records(sorted(held), names)
         else:
             _reopen.register_reducer(io.FileIO, reduce_file)
             _reopen.register_reducer(io.BufferedReader, reduce_file)
@@ -141,26 +146,53 @@ class FilesBackend(Backend):
 
 class _Held(NamedTuple):
     """What a loader's objects held at its start: the records (``native.file_records``', sorted by
-    fd) of regular files open read-only and unlocked, and the paths the file objects among them
-    were opened by (by fd)."""
+    fd) of their descriptors, the paths the file objects among them were opened by (by fd), the
+    start's lock states, one byte a record, which its workers share, and the thread reading the
+    identities and locks meanwhile (``native.read_locks_behind``), if any."""
 
-    records: bytes
+    records: bytes | bytearray
     paths: _reopen.Paths
+    lock_states: mmap.mmap | bytearray
+    reader: Any
 
 
-def _unlocked_read_only_files(fds: tuple[int, ...]) -> bytes:
-    """The records of the regular files of ``fds`` (sorted) open read-only whose description holds
-    no exclusive flock/OFD lock (a lock, not a data handle: a worker re-locking a private copy
-    would block on the parent's lock). Once per start, in the parent: its workers then neither look
-    at the others nor read each description's locks (about 2 us a file in the kernel, each
-    worker's). A lock taken or released in the parent while the start forks its workers is seen at
-    the next start. One pass (``native.unlocked_file_records``): each file's fstat, flags and
-    /proc/self/fdinfo entry; its offset is read at each fork (``native.file_offsets``)."""
-    return native.unlocked_file_records(fds)
+_NO_STATES = bytearray()
+# From this many held files the parent reads their identities and locks on a thread of its own
+# while it forks the workers (~3 us a file, on a core the start leaves idle): the first worker would
+# read the locks before it could reopen its last file. Fewer cost less than starting a thread (~50 us).
+_READ_BEHIND = 64
 
 
-def _fds_of(records: bytes) -> tuple[int, ...]:
-    return tuple(fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records))
+def _held_records(fds: list[int], names: dict[int, bytes]) -> _Held:
+    """The start's ``_Held`` of the descriptors ``fds`` (sorted) the loader's objects hold. Each
+    record's identity (st_dev, st_ino) is read before any offset (a worker finding its descriptor
+    names another file since reads its own offset): here for a few, with each one's access mode, so
+    that a worker with none to reopen runs nothing; for thousands, on a thread of the parent's while
+    it goes on to fork (``native.read_locks_behind``: the first fork waits for them, about 0.6 us a
+    file; then it reads their locks for the workers, on a core the start leaves idle). Each worker
+    checks what each descriptor is (a regular file open read-only, unlocked) before reopening it."""
+    reader = None
+    if len(fds) >= _READ_BEHIND:
+        states = _lock_states(len(fds))
+        unidentified = bytearray(_reopen.unrecorded(fds))
+        reader = native.read_locks_behind(unidentified, states)
+        records: bytes | bytearray = unidentified
+    if reader is None:
+        records = native.file_records(tuple(fds), True)
+        fds = [fd for fd, _, _, _ in _reopen.RECORD.iter_unpack(records)]
+        states = _lock_states(len(fds))
+    return _Held(records, tuple((fd, names[fd]) for fd in fds if fd in names), states, reader)
+
+
+def _lock_states(count: int) -> mmap.mmap | bytearray:
+    """A start's record of which held descriptions hold an exclusive flock/OFD lock (a lock, not a
+    data handle: a worker re-locking a private copy would block on the parent's lock), one byte a
+    record, 0 until read: memory the parent shares with the workers it forks next (an anonymous
+    MAP_SHARED mapping, made before the forks). Each description's locks are read once (about 2-3 us
+    a file from /proc/self/fdinfo) by the parent's lock reader or whichever worker comes to it
+    first, instead of by the parent before it forks any. A lock taken or released in the parent
+    while the workers start may be seen by some workers and not others, as one taken during a fork."""
+    return mmap.mmap(-1, count) if count else _NO_STATES
 
 
 BACKEND = FilesBackend()

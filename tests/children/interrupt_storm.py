@@ -10,7 +10,9 @@ process group, the workers included; the child must lead its own group) or ``ext
 same, sent by another process at a random moment, wherever the parent's threads are then: in a
 fork, in C code, waiting on a lock). Each start gets a timer of 0-60 ms, which fires anywhere in
 ``iter(loader)`` and the first batch, or never (``external``: always, the first batch waits).
-Every 10th start runs a whole epoch from another thread. Prints ``start <n>`` before each
+Every 10th start runs a whole epoch from another thread. ``STORM_HELD_FILES`` (environment): the
+Dataset holds that many open files too (64 or more: the files hook's lock reader thread runs in
+each start). Prints ``start <n>`` before each
 start (the last one printed is where a hang sits), then
 ``done <starts> interrupted <count> workers-left <count>``: worker processes still alive 5 s
 after the last start, all iterators dropped. torch's own loader hangs within the first 10
@@ -97,7 +99,29 @@ def wait_until_sent(start: int) -> None:
 
 
 dump_after = float(os.environ.get("STORM_DUMP_SECONDS", "60"))
-loader = DataLoader(list(range(16)), batch_size=2, num_workers=2)
+
+
+class Items:
+    """16 items; with ``STORM_HELD_FILES`` (environment) that many open files held besides, whose
+    identities and locks the parent reads on a thread of its own while it forks (64 or more)."""
+
+    def __init__(self, held: int) -> None:
+        self.directory = tempfile.TemporaryDirectory(prefix="storm-files-")
+        self.files = []
+        for i in range(held):
+            path = os.path.join(self.directory.name, str(i))
+            with open(path, "wb") as f:
+                f.write(b"x")
+            self.files.append(open(path, "rb"))
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+loader = DataLoader(Items(int(os.environ.get("STORM_HELD_FILES", "0"))), batch_size=2, num_workers=2)
 random.seed(7)
 interrupted = 0
 for start in range(STARTS):

@@ -17,6 +17,11 @@ argv: the check. Each prints what the test compares (``ok`` once its own asserts
                         names the file, else (another file, a FIFO) as without; exclusively_locked: both
                         find the locked one; without check_locks, a record naming another file is
                         skipped: prints "ok"
+  privatize_files also: with a start's shared lock states, each lock read once and stored (one found
+                        locked elsewhere skipped unread); records without identity taken as the file at the fork
+  lock_reader           the C extension's lock reader reads each lock into the shared states, unseen by
+                        thread_ids/threads_within while it runs, none of its descriptors in a child forked
+                        meanwhile, stopped in the child as a no-op; the fallback starts none: prints "ok"
   fork_generation       both count two nested os.fork()s: prints the sorted lines the children wrote
   libc_fork             libc's fork() called directly, nested: prints the sorted lines the children wrote
 """
@@ -213,7 +218,8 @@ def file_records():
     print("ok")
 
 
-def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True, paths=()):
+def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_locks=True, paths=(),
+                         lock_states=None, first=0):
     """What ``impl.privatize_files`` did in a forked child, as a printable tuple."""
     r, w = os.pipe()
     pid = os.fork()
@@ -227,7 +233,7 @@ def _privatize_in_a_fork(impl, records, skip, virtual, files, limit=None, check_
                         os.open(os.devnull, os.O_RDONLY)
                     except OSError:
                         break
-            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks, paths)
+            privatized, failed = impl.privatize_files(records, skip, virtual, check_locks, paths, lock_states, first)
             # A private description: moving its offset leaves the parent's (and the siblings') alone.
             offsets = {name: os.lseek(fd, 0, os.SEEK_CUR) for name, fd in files.items()}
             for fd in files.values():
@@ -330,21 +336,44 @@ def privatize_files():
     ], a
     assert offsets["at_50"] == 60, a  # still the parent's description
     assert os.lseek(files["at_50"], 0, os.SEEK_CUR) == 63  # which the worker moved
-    # Locks read by the parent instead (exclusively_locked): the locked one is not skipped in the fork.
     fds = tuple(files.values())
     assert _native.exclusively_locked(fds) == _native_fallback.exclusively_locked(fds) == (files["locked"],)
-    # unlocked_file_records: in one pass, the read-only regular files less the locked one (a pipe, a
-    # closed number and a negative one among them: left out), each at offset -1.
-    r, w = os.pipe()
-    os.close(w)
-    asked = (*fds, r, w, -1)
-    a = _native.unlocked_file_records(asked)
-    assert a == _native_fallback.unlocked_file_records(asked), (_records(a), asked)
+    # Vetted records with their locks read through a start's shared states (a byte a record, one
+    # MAP_SHARED page as the files hook makes): the locked one's read there and skipped; one a
+    # sibling worker already found locked (2) is skipped unread; the others' found free (1).
+    import mmap
+
+    order = sorted(files.values())
     names = {fd: name for name, fd in files.items()}
-    assert sorted(names[fd] for fd in _records(a)) == sorted(
-        name for name in files if name not in ("writable", "locked")), _records(a)
-    assert {offset for _, _, offset in _records(a).values()} == {-1}, _records(a)
-    os.close(r)
+    for impl in (_native, _native_fallback):
+        for fd, offset in before.items():
+            os.lseek(fd, offset, os.SEEK_SET)
+        states = mmap.mmap(-1, len(order))
+        states[order.index(files["inheritable"])] = 2
+        report = _privatize_in_a_fork(impl, records, skip, virtual, files, check_locks=False, paths=paths,
+                                      lock_states=states, first=3)
+        assert eval(report)[0] == ["at_50", "replaced", "shared_lock"], (impl.__name__, report)
+        found = {names[fd]: states[i] for i, fd in enumerate(order)}
+        assert found == {"at_50": 1, "moved_since": 0, "inheritable": 2, "asked_to_skip": 0, "writable": 0,
+                         "locked": 2, "shared_lock": 1, "virtual": 0, "replaced": 1}, (impl.__name__, found)
+        # Records without identity (0, 0: a loader's held descriptors, not looked at in the parent):
+        # each taken as the file its descriptor names at the fork, moved_since among them.
+        unrecorded = b"".join(RECORD.pack(fd, 0, 0, offset) for fd, (_, _, offset) in sorted(_records(records).items()))
+        for fd, offset in before.items():
+            os.lseek(fd, offset, os.SEEK_SET)
+        report = _privatize_in_a_fork(impl, unrecorded, skip, virtual, files, check_locks=False, paths=paths,
+                                      lock_states=mmap.mmap(-1, len(order)))
+        privatized, _, offsets, _, _ = eval(report)
+        assert privatized == ["at_50", "inheritable", "moved_since", "replaced", "shared_lock"], report
+        assert offsets["moved_since"] == 7, report  # its offset as recorded at the fork, not read anew (20)
+        for bad, error in (((bytes(len(order)), 0), BufferError), ((mmap.mmap(-1, 2), 0), ValueError),
+                           ((mmap.mmap(-1, len(order)), -1), ValueError)):
+            try:
+                impl.privatize_files(records, skip, virtual, False, (), *bad)
+            except error as exc:
+                assert "lock_states" in str(exc) or "first" in str(exc) or "writable" in str(exc), exc
+            else:
+                raise AssertionError(f"{impl.__name__} took lock_states/first {bad!r}")
     for fd, offset in before.items():
         os.lseek(fd, offset, os.SEEK_SET)
     a = _privatize_in_a_fork(_native, records, skip, virtual, files, check_locks=False, paths=paths)
@@ -356,7 +385,7 @@ def privatize_files():
     # record names another inode) is left shared, not reopened as the file it names now.
     assert eval(a)[0] == ["at_50", "inheritable", "locked", "replaced", "shared_lock"], a
     for impl in (_native, _native_fallback):
-        for function in (impl.exclusively_locked, impl.unlocked_file_records):
+        for function in (impl.exclusively_locked,):
             try:
                 function(list(fds))
             except TypeError as exc:
@@ -369,6 +398,82 @@ def privatize_files():
             assert "file_records' bytes" in str(exc), exc
         else:
             raise AssertionError(f"{impl.__name__} took a cut record")
+    print("ok")
+
+
+def lock_reader():
+    import mmap
+    import time
+
+    directory = tempfile.mkdtemp()
+    count = 3000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 200), hard))
+    fds = []
+    for i in range(count):
+        with open(os.path.join(directory, str(i)), "wb") as f:
+            f.write(b"x")
+        fds.append(os.open(os.path.join(directory, str(i)), os.O_RDONLY))
+    fcntl.flock(fds[7], fcntl.LOCK_EX)
+    fcntl.flock(fds[8], fcntl.LOCK_SH)
+    records = bytearray(b"".join(RECORD.pack(fd, 0, 0, -1) for fd in fds))
+    assert _native_fallback.read_locks_behind(records, mmap.mmap(-1, count)) is None
+    _native_fallback.lock_reader_identified(None)
+    _native_fallback.stop_lock_reader(None)
+    tasks_before, ids_before = set(os.listdir("/proc/self/task")), _native.thread_ids()
+    states = mmap.mmap(-1, count)
+    reader = _native.read_locks_behind(records, states)
+    assert reader is not None
+    tasks, ids = set(os.listdir("/proc/self/task")), _native.thread_ids()
+    _native.lock_reader_identified(reader)  # each record's identity written first
+    identities = [(dev, ino) for _, dev, ino, _ in RECORD.iter_unpack(records)]
+    assert identities == [(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in fds], identities[:3]
+    within = _native.threads_within(tuple(ids_before))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # forked while the reader runs: none of its descriptors here, and no thread to stop
+        try:
+            leaked = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    leaked += [fd] if "fdinfo" in os.readlink(f"/proc/self/fd/{fd}") else []
+                except OSError:  # the listing's own descriptor, closed by now
+                    pass
+            _native.stop_lock_reader(reader)
+            os.write(w, repr(leaked).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    leaked = os.read(r, 65536).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    # The reader was running when looked at (else the checks below prove nothing): one more task.
+    assert len(tasks - tasks_before) == 1, (tasks, tasks_before)
+    assert ids == ids_before and within, (ids, ids_before, within)  # left out of the census
+    assert leaked == "[]", leaked
+    deadline = time.monotonic() + 30
+    while set(os.listdir("/proc/self/task")) != tasks_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _native.stop_lock_reader(reader)
+    _native.stop_lock_reader(reader)  # a second stop does nothing
+    found = bytes(states)
+    assert found[7] == 2 and found[:7] + found[8:] == b"\x01" * (count - 1), found
+    # Stopped early: what was not read stays 0, for the workers to read.
+    states = mmap.mmap(-1, count)
+    reader = _native.read_locks_behind(records, states)
+    _native.stop_lock_reader(reader)
+    _native.lock_reader_identified(reader)  # stopped: nothing to wait for
+    assert set(os.listdir("/proc/self/task")) == tasks_before
+    assert bytes(states).count(0) > 0 and set(bytes(states)) <= {0, 1, 2}, bytes(states)
+    for bad, error in (((records[:-1], states), ValueError), ((records, bytes(count)), BufferError),
+                       ((records, mmap.mmap(-1, 2)), ValueError), ((bytes(records), states), BufferError)):
+        try:
+            _native.read_locks_behind(*bad)
+        except error:
+            pass
+        else:
+            raise AssertionError(f"read_locks_behind took {bad!r:.80}")
     print("ok")
 
 
@@ -410,6 +515,6 @@ def libc_fork():
 CHECKS = {
     f.__name__: f
     for f in (thread_ids, threads_within, descriptor_table, regular_file_offsets, descriptor_kinds, file_records,
-              privatize_files, fork_generation, libc_fork)
+              privatize_files, lock_reader, fork_generation, libc_fork)
 }
 CHECKS[sys.argv[1]]()
