@@ -118,3 +118,17 @@ def test_a_worker_waiting_for_a_lock_of_the_c_librarys_own_is_told_as_such():
     assert cause.startswith("a lock of the C library's own"), cause
     assert "__lll_lock_wait_private" in cause and "Thread-1 (run), Thread-2 (run)" in cause
     assert "multiprocessing_context='forkserver'" in cause
+
+
+def test_a_stack_dump_whose_worker_is_gone_reads_as_empty_not_as_an_error(tmp_path):
+    # A worker may exit or be killed between two reads of its stack dump (/proc/<pid>/fd/<n>): CI saw
+    # pyzmq's spinning worker end while its stacks were sampled, and the user got FileNotFoundError
+    # instead of the stall report. What is gone reads as nothing dumped.
+    from safeloader.diagnostics import stacks
+
+    dump = tmp_path / "dump"
+    dump.write_text("Thread 0x1 (most recent call first):\n")
+    assert stacks.read_from(str(dump), 7) == "0x1 (most recent call first):\n"
+    dump.unlink()
+    assert stacks.read_from(str(dump), 0) == ""
+    assert stacks.wait_for_dump(str(dump), 0, deadline=0.0) == ""

@@ -66,9 +66,15 @@ def size(path: str) -> int:
 
 
 def read_from(path: str, offset: int) -> str:
-    with open(path, "rb") as dump:
-        dump.seek(offset)
-        return dump.read().decode("utf-8", "replace")
+    """What a worker's stack dump (``/proc/<pid>/fd/<n>``) holds after ``offset``; "" once the worker
+    is gone (it may exit or be killed between two reads: CI saw pyzmq's spinning worker end while
+    its stacks were sampled, and a FileNotFoundError reached the user instead of the report)."""
+    try:
+        with open(path, "rb") as dump:
+            dump.seek(offset)
+            return dump.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def wait_for_dump(path: str, offset: int, deadline: float, marker: str | None = None) -> str:
