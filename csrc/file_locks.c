@@ -132,7 +132,7 @@ error:
  * start's lock_states (privatize_files') while the parent forks its workers, which then find them
  * read. Its descriptors are in a table of its own (close_range CLOSE_RANGE_UNSHARE, Linux 5.9+), so
  * that a worker forked meanwhile inherits none of them; it reads the process's table through
- * /proc/<pid>/fdinfo. All signals blocked (a handler run on it could not reach the process's
+ * /proc/self/fdinfo. All signals blocked (a handler run on it could not reach the process's
  * descriptors, Python's wakeup fd among them), nothing allocated, no Python. thread_ids() leaves it
  * out (own_thread): it is safeloader's, not a library's pool. */
 #define LOCK_FREE 1
@@ -197,9 +197,9 @@ static void *read_locks(void *arg) {
     int own_table = 0;
 #endif
     if (own_table) {  /* else nothing is read: the workers read every lock themselves */
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/fdinfo", (int)reader->pid);
-        int info = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        /* "self" names the thread group, whose leader's table is the process's (not this thread's
+         * own): the same directory as /proc/<pid>, but never another namespace's process. */
+        int info = open("/proc/self/fdinfo", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         char text[4096], name[24];
         for (size_t i = reader->count; info >= 0 && i-- > 0;) {  /* from the end: the first worker begins at 0 */
             if (__atomic_load_n(&reader->stop, __ATOMIC_RELAXED)) break;
