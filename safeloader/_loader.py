@@ -17,6 +17,7 @@ from . import (
     _abandoned_locks,
     _context,
     _dispatch,
+    _done_event,
     _fork_check,
     _hooks,
     _torch_internals,
@@ -140,6 +141,8 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         # May raise, or switch to forkserver (on_unsafe_fork); else the pools the workers will lack.
         lacking = _fork_check.apply(loader, options, _start_method(loader))
         start_method = _start_method(loader)
+        if start_method == "fork":  # torch's own fork context, but for a done event no Ctrl-C leaves locked
+            object.__setattr__(loader, "multiprocessing_context", _done_event.for_start(loader.multiprocessing_context))
         watch = watchdog.start_watch(loader, options, start_method)
         if watch is not None and start_method == "fork":
             watch.lacking = lacking

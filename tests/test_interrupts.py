@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.subproc import check_python, check_script, run_script
+from tests.subproc import check_python, check_script, run_python, run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -127,3 +127,32 @@ def test_torchs_loader_hangs_or_fails_in_the_same_storm(kind):
     # own clean-up raise (AttributeError: no `_workers_status`), which ends the script: a failure too.
     crashed = result.returncode not in (None, 0) and "Error" in result.stdout + result.stderr
     assert result.timed_out or crashed, f"torch's loader was expected to hang or fail in the storm:\n{result}"
+
+
+# The done event torch makes per iterator (its workers ask is_set for every index; the parent sets it
+# at shutdown), its lock left held as a Ctrl-C to the process group leaves it when it lands between
+# the lock's acquire and its `with` in a worker (issue 42's storms with files held hung there).
+_DONE_EVENT_LOCK_LEFT_HELD = """
+import sys, time
+import torch
+import safeloader
+loader_class = safeloader.DataLoader if sys.argv[1] == "safeloader" else torch.utils.data.DataLoader
+loader = loader_class(list(range(8)), batch_size=2, num_workers=2)
+iterator = iter(loader)
+iterator._workers_done_event._cond.acquire()  # and never released: held by nobody from here on
+print(len(list(iterator)), "batches", flush=True)
+del iterator
+print("ended", loader.multiprocessing_context, flush=True)
+"""
+
+
+def test_an_epoch_ends_though_the_workers_done_events_lock_was_left_held():
+    result = run_python(_DONE_EVENT_LOCK_LEFT_HELD.replace("sys.argv[1]", "'safeloader'"), timeout=60)
+    assert not result.timed_out and result.returncode == 0, result
+    assert result.stdout.split("\n")[:2] == ["4 batches", "ended None"], result  # the user's context given back
+
+
+@pytest.mark.torch_baseline
+def test_torchs_loader_hangs_when_the_workers_done_events_lock_was_left_held():
+    result = run_python(_DONE_EVENT_LOCK_LEFT_HELD.replace("sys.argv[1]", "'torch'"), timeout=20, expect_hang=True)
+    assert result.timed_out and "batches" not in result.stdout, result
