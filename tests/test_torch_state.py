@@ -160,10 +160,10 @@ class SeedingReport(Dataset):
         }
 
 
-def _seeding_report(loader_class) -> dict:
+def _seeding_report(loader_class, context: str | None = None) -> dict:
     dataset = SeedingReport()
     dataset.snapshot()
-    return next(iter(loader_class(dataset, batch_size=None, num_workers=1)))
+    return next(iter(loader_class(dataset, batch_size=None, num_workers=1, multiprocessing_context=context)))
 
 
 def test_a_workers_seeding_notes_where_it_came_from_without_reading_source_files():
@@ -171,7 +171,9 @@ def test_a_workers_seeding_notes_where_it_came_from_without_reading_source_files
     it ``traceback.format_stack()``, for an error message should the call fail later. Formatting reads
     the source file of every frame (2-3 ms and 300 copied pages of each worker's start): under
     safeloader the stack is kept and formatted only when read, to the same text."""
-    torch_report = _seeding_report(torch.utils.data.DataLoader)
+    # torch's loader given the fork context, as safeloader's start gives torch (safeloader._done_event):
+    # the default context's Process adds a frame of its own (context.py's Process._Popen) to the stack.
+    torch_report = _seeding_report(torch.utils.data.DataLoader, "fork")
     assert torch_report["kinds"] and set(torch_report["kinds"]) == {"list"}, torch_report
     assert torch_report["read"], torch_report  # torch read the sources
     report = _seeding_report(safeloader.DataLoader)
