@@ -179,7 +179,8 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
         if arming is not None:
             if arming.interrupt is not None or late is not None or is_interrupt(failure):
                 forkstate.forget()
-            _stop_workers_despite_interrupts(iterator if iterator is not None else _half_built_iterator(failure), arming)
+            half_built = iterator if iterator is not None else _half_built_iterator(failure)
+            _stop_workers_despite_interrupts(half_built, arming)
         # A worker forked anyway (on_unsafe_fork "warn"/"ignore") that the library it lacks killed
         # before the start ended: torch's SIGCHLD handler raised it here, not in the iterator.
         explained = unsafe_fork.dead_worker_error(failure, lacking)
