@@ -17,9 +17,11 @@ def release_queue_locks(iterator: Any) -> None:
         lock = getattr(getattr(queue, "_notempty", None), "_lock", None)  # threading.Condition's lock
         if lock is None:
             continue
+        # Taken in time: it was free (give it back). Not taken: abandoned (release it). A signal
+        # handler's error raised while waiting (torch's SIGCHLD one is a RuntimeError) is not
+        # caught here: the caller runs this again (caught, the lock stayed held: issue 42's storm).
+        lock.acquire(timeout=HELD_BY_NOBODY_AFTER)
         try:
-            # Taken in time: it was free (give it back). Not taken: abandoned (release it).
-            lock.acquire(timeout=HELD_BY_NOBODY_AFTER)
             lock.release()
         except RuntimeError:  # released meanwhile: it was not abandoned after all
             pass

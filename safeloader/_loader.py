@@ -180,12 +180,7 @@ def _start_armed(loader: Any, start: Callable[[], Any], signals: DeferredSignals
             if arming.interrupt is not None or late is not None or is_interrupt(failure):
                 forkstate.forget()
             half_built = iterator if iterator is not None else _half_built_iterator(failure)
-            for _attempt in range(_ATTEMPTS):
-                try:
-                    _stop_workers(half_built, arming)
-                    break
-                except BaseException:  # another interrupt: the first one is raised
-                    pass
+            _stop_workers_despite_interrupts(half_built, arming)
         # A worker forked anyway (on_unsafe_fork "warn"/"ignore") that the library it lacks killed
         # before the start ended: torch's SIGCHLD handler raised it here, not in the iterator.
         explained = unsafe_fork.dead_worker_error(failure, lacking)
@@ -232,6 +227,16 @@ def _half_built_iterator(failure: BaseException) -> Any:
     return None
 
 
+def _stop_workers_despite_interrupts(iterator: Any, arming: _context.Arming) -> None:
+    """``_stop_workers``, run again where another interrupt cut it short (the first one is raised)."""
+    for _attempt in range(_ATTEMPTS):
+        try:
+            _stop_workers(iterator, arming)
+            return
+        except BaseException:
+            pass
+
+
 def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
     """Stop the workers of a start that failed or was interrupted, as torch's iterator does
     (``_shutdown_workers``), and the ones it forked but did not keep yet (interrupted between
@@ -241,8 +246,11 @@ def _stop_workers(iterator: Any, arming: _context.Arming) -> None:
         _abandoned_locks.release_queue_locks(iterator)
         try:
             _torch_internals.shutdown_workers(iterator)
-        except Exception:  # an __init__ cut short lacks attributes it reads: killed below
-            pass
+        except Exception:  # an __init__ cut short lacks attributes it reads (killed below), or a
+            pass  # signal handler raised in it (torch's SIGCHLD one, a worker killed by the same Ctrl-C)
+        # That handler's error may have cut one of torch's puts short, its queue's lock held: the
+        # queue's finalizer takes that lock when the iterator is collected.
+        _abandoned_locks.release_queue_locks(iterator)
         _torch_internals.forget_worker_pids(iterator)
     for popen in arming.launches:
         if popen.pid is None or popen.returncode is not None:

@@ -69,6 +69,69 @@ def test_what_an_interrupted_start_left_held_is_released_and_the_next_use_works(
 
 
 
+# Ctrl-C to the process group also kills a worker not yet in torch's loop: torch's SIGCHLD handler
+# then raises a RuntimeError in the parent, wherever it is, also while a start that was cut short is
+# undone (issue 42's storm hung once there: the error cut the wait for an abandoned queue lock short,
+# was taken for "released meanwhile", and torch's shutdown then waited for that lock forever).
+_QUEUE_LOCK_LEFT_HELD = """
+import gc, multiprocessing, signal, sys, types
+from safeloader import _loader
+
+queue = multiprocessing.get_context("fork").Queue()
+queue.put(0); queue.get(timeout=5)  # its feeder thread runs, as in a start
+queue._notempty._lock.acquire()  # a put of the start cut short: held by nobody from here on
+
+class HalfBuiltIterator:
+    _index_queues = [queue]
+    def _shutdown_workers(self):  # torch's: a None into each worker's queue
+        queue.put(None)
+
+def raise_as_torchs_sigchld_handler_does(signum, frame):
+    raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+
+signal.signal(signal.SIGALRM, raise_as_torchs_sigchld_handler_does)
+signal.setitimer(signal.ITIMER_REAL, 0.1)  # lands while the abandoned lock is waited for
+_loader._stop_workers_despite_interrupts(HalfBuiltIterator(), types.SimpleNamespace(launches=[]))
+print("the shutdown's put went through:", queue.get(timeout=5), flush=True)
+
+class CutInItsPut(HalfBuiltIterator):
+    _index_queues = [queue]
+    def _shutdown_workers(self):  # the handler's error lands inside torch's put, its lock taken
+        queue._notempty._lock.acquire()
+        raise_as_torchs_sigchld_handler_does(signal.SIGCHLD, sys._getframe())
+
+_loader._stop_workers_despite_interrupts(CutInItsPut(), types.SimpleNamespace(launches=[]))
+print("lock held after:", queue._notempty._lock.locked(), flush=True)
+del queue, HalfBuiltIterator, CutInItsPut
+gc.collect()  # the queue's finalizer takes its lock
+print("collected", flush=True)
+"""
+
+
+def test_a_start_cut_short_is_undone_though_a_worker_death_raises_while_its_queue_locks_are_released():
+    result = run_python(_QUEUE_LOCK_LEFT_HELD, timeout=30)
+    assert not result.timed_out and result.returncode == 0, result
+    assert result.stdout.splitlines() == [
+        "the shutdown's put went through: None", "lock held after: False", "collected"], result
+
+
+@pytest.mark.torch_baseline
+def test_torchs_loader_hangs_in_its_shutdown_when_a_put_left_its_queue_lock_held():
+    result = run_python(
+        """
+        import torch
+        iterator = iter(torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2))
+        iterator._index_queues[0]._notempty._lock.acquire()  # a put cut short by a signal handler's error
+        del iterator  # torch's __del__ shuts its workers down: a None into each worker's queue
+        print("shut down", flush=True)
+        """,
+        timeout=20,
+        expect_hang=True,
+    )
+    assert result.timed_out and "shut down" not in result.stdout, result
+
+
+
 # Ctrl-C during a start waits for the start's end (safeloader/_deferred_signals.py): it can no
 # longer land in torch's, multiprocessing's or threading's code and abandon a lock there.
 def interrupt_during_start(loader: str, mode: str) -> dict:
