@@ -248,10 +248,14 @@ def run(loader: str) -> dict:
     error = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        iterator = None
         try:
-            items = list(loader_type(UsesTheLibrary(), batch_size=None, num_workers=2, **options))
+            iterator = iter(loader_type(UsesTheLibrary(), batch_size=None, num_workers=2, **options))
+            items = list(iterator)
         except Exception as exc:  # torch's timeout, or safeloader's refusal
             error = f"{type(exc).__name__}: {exc}"
+            for worker in getattr(iterator, "_workers", ()):
+                worker.kill()  # hung: torch's shutdown would wait 5 s for each before killing it
     warned = [str(w.message) for w in caught if issubclass(w.category, safeloader.UnsafeForkWarning)]
     return {
         "loader": loader, "items": [[value, forked] for value, forked, _ in items],
