@@ -235,8 +235,8 @@ def onnxruntime_case(mode: str = "ORT_SEQUENTIAL") -> tuple[str, Callable[[int],
 
 CASES = {
     "tokenizers": tokenizers_case, "torch": torch_case, "pyarrow": pyarrow_case, "numcodecs": numcodecs_case,
-    "numexpr": numexpr_case, "opencv": opencv_case, "scipy-fft": scipy_fft_case, "numba-workqueue": numba_workqueue_case,
-    "torch-intra-op": torch_intra_op_case,
+    "numexpr": numexpr_case, "opencv": opencv_case, "numba-workqueue": numba_workqueue_case,
+    "torch-intra-op": torch_intra_op_case, "scipy-fft": scipy_fft_case,
     "duckdb": duckdb_case, "duckdb-async-threads-0": lambda: duckdb_case(remedy=True),
     "onnxruntime": onnxruntime_case, "onnxruntime-parallel": lambda: onnxruntime_case("ORT_PARALLEL"),
 }
