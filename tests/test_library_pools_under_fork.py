@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(150)
 SURVIVES = {
     "tokenizers": False, "pyarrow": True, "numcodecs": False, "numexpr": True, "numba-workqueue": True,
     "onnxruntime": False, "duckdb-async-threads-0": False, "torch-intra-op": False, "opencv": False,
+    "scipy-fft": True,
 }
 # Hangs under torch's loader: safeloader refuses before any worker starts, naming what it found.
 HANGS = {
@@ -40,7 +41,7 @@ HANGS = {
 ROWS = {
     "tokenizers": "tokenizers", "pyarrow": "pyarrow", "numcodecs": "numcodecs", "numexpr": "numexpr",
     "workqueue": "numba-workqueue", "onnxruntime": "onnxruntime", "duckdb": "duckdb-async-threads-0",
-    "libtorch": "torch-intra-op", "cv2": "opencv",
+    "libtorch": "torch-intra-op", "cv2": "opencv", "pypocketfft": "scipy-fft", "pyduccfft": "scipy-fft",
     # Proven elsewhere, for the usage they name: tests/test_ray_accelerate.py (Ray's threads live in
     # the Ray Train worker, DataLoader workers that do not call Ray read every shard); CUDA needs a
     # GPU (tests/test_torch_state.py: the worker's CUDA call gets torch's own error, not a wait).

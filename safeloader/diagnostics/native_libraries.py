@@ -168,6 +168,13 @@ KNOWN: tuple[Known, ...] = (
     ),
     Known(("numexpr",), SURVIVES, "restarts its thread pool in a forked child (its own at-fork handler)"),
     Known(
+        ("pypocketfft", "pyduccfft"),
+        SURVIVES,
+        "scipy.fft's thread pool (pocketfft's, ducc0's) stops before a fork and starts afresh in the child (its "
+        "own at-fork handlers; checked: scipy 1.17, 1.18)",
+        label="scipy.fft's thread pool",
+    ),
+    Known(
         ("cv2",),
         SURVIVES,
         "runs its parallel loops on the calling thread in a forked child (its own at-fork handler; checked: 5.0)",

@@ -142,6 +142,17 @@ def opencv_case() -> tuple[str, Callable[[int], object]]:
     return "cv2", work
 
 
+def scipy_fft_case() -> tuple[str, Callable[[int], object]]:
+    import scipy.fft  # its FFTs run on pocketfft's (scipy 1.17) or ducc0's (1.18) own thread pool
+
+    signal = np.linspace(0, 1, 256 * 16384).reshape(256, 16384)
+
+    def work(index: int) -> object:
+        return float(np.abs(scipy.fft.rfft(signal + index, workers=2)).sum())
+
+    return "scipy/fft", work
+
+
 def numexpr_case() -> tuple[str, Callable[[int], object]]:
     import numexpr
 
@@ -225,7 +236,7 @@ def onnxruntime_case(mode: str = "ORT_SEQUENTIAL") -> tuple[str, Callable[[int],
 CASES = {
     "tokenizers": tokenizers_case, "torch": torch_case, "pyarrow": pyarrow_case, "numcodecs": numcodecs_case,
     "numexpr": numexpr_case, "opencv": opencv_case, "numba-workqueue": numba_workqueue_case,
-    "torch-intra-op": torch_intra_op_case,
+    "torch-intra-op": torch_intra_op_case, "scipy-fft": scipy_fft_case,
     "duckdb": duckdb_case, "duckdb-async-threads-0": lambda: duckdb_case(remedy=True),
     "onnxruntime": onnxruntime_case, "onnxruntime-parallel": lambda: onnxruntime_case("ORT_PARALLEL"),
 }
