@@ -111,14 +111,16 @@ class Watch(Heartbeats):
         self.resumed = [max(resumed, when) for resumed in self.resumed]
 
     def stalled(
-        self, alive: list[bool], pids: list[int | None] | None = None
+        self, alive: list[bool], pids: list[int | None] | None = None, awaited: frozenset[int] = frozenset()
     ) -> list[tuple[int, float, float, float, float, float]]:
         """(worker_id, seconds without progress, limit, state, items, batch) of each stalled worker.
 
         Time a worker spent stopped (Ctrl-Z, SIGSTOP) does not count: once it is
         continued its clock starts again from the moment that is seen, and a
         worker stopped now is not stalled. Both are asked of the kernel about
-        the worker (``pids``), so no signal handler is needed.
+        the worker (``pids``), so no signal handler is needed. An idle worker is
+        never stalled, but one stopped between two batches while the loader
+        waits for its next (``awaited``) is reported stopped like a busy one.
         """
         now = time.monotonic()
         found = []
@@ -129,10 +131,10 @@ class Watch(Heartbeats):
                 self.resumed[worker_id] = now
                 self.stop_reported[worker_id] = False
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
-            if state == IDLE or not alive[worker_id]:
+            if not alive[worker_id] or (state == IDLE and worker_id not in awaited):
                 continue
             batch = self.slots[base + BATCH]
-            waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
+            waited, limit = now - max(last, self.resumed[worker_id]), self._limit(worker_id, state)
             if waited > limit:
                 stop = stop_state(pid) if pid is not None else ""
                 if pid is not None and stop:
@@ -140,23 +142,31 @@ class Watch(Heartbeats):
                     if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
                         self.stop_reported[worker_id] = True
                         warn_stopped(worker_id, pid, waited, stop)
-                    continue
-                found.append((worker_id, waited, limit, state, items, batch))
+                elif state != IDLE:  # an idle one not stopped is about to take its indices
+                    found.append((worker_id, waited, limit, state, items, batch))
         return found
 
-    def quiet(self) -> bool:
-        """Whether no busy worker has gone without progress long enough for ``stalled`` or
-        ``orphaned`` to look at it (read from the heartbeats only: no system call). When quiet,
-        ``due`` is when the first busy worker will have."""
+    def _limit(self, worker_id: int, state: float) -> float:
+        """``limit`` for worker ``worker_id`` in ``state``; an idle one is given ``stall_timeout``
+        to take the indices it was sent."""
+        if state == IDLE:
+            return self.stall_timeout
+        base = worker_id * FIELDS
+        return self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH])
+
+    def quiet(self, awaited: frozenset[int] = frozenset()) -> bool:
+        """Whether no busy worker (nor idle one the loader waits for, ``awaited``) has gone without
+        progress long enough for ``stalled`` or ``orphaned`` to look at it (read from the heartbeats
+        only: no system call). When quiet, ``due`` is when the first such worker will have."""
         now = time.monotonic()
         due = float("inf")
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             state = self.slots[base + STATE]
-            if state == IDLE:
+            if state == IDLE and worker_id not in awaited:
                 continue
             since = max(self.slots[base + LAST], self.resumed[worker_id])
-            look = since + min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH]))
+            look = since + min(ORPHAN_WAIT, self._limit(worker_id, state))
             if now >= look:
                 return False
             due = min(due, look)
@@ -305,14 +315,15 @@ def _check(iterator: Any, watch: Watch) -> None:
     if failures:
         _shutdown_now(iterator, watch)
         raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
-    if watch.quiet():
+    awaited = _torch_internals.workers_awaited(iterator)
+    if watch.quiet(awaited):
         # Nothing to ask the kernel: each system call lets the GIL go, and with busy threads in
         # this process getting it back costs a switch interval (5 ms) per call.
         return
     workers = _torch_internals.worker_processes(iterator)
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
-    stalled, certain = watch.stalled(alive, pids), False
+    stalled, certain = watch.stalled(alive, pids, awaited), False
     if not stalled:
         stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
