@@ -38,6 +38,7 @@ from ._heartbeat import (
     STATE,
     Heartbeats,
 )
+from ._receiving import THREAD_NAME as RECEIVE_WATCH_THREAD
 from ._receiving import ReceiveWatcher
 from ._stopped import continued_since_asked, stop_state, warn_stopped
 from ._stuck import ORPHAN_WAIT, StuckWorkers
@@ -67,7 +68,10 @@ class Watch(Heartbeats):
         me = threading.current_thread()
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
-        self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
+        # safeloader's own (another iterator's ReceiveWatcher) takes no lock a worker could need.
+        self.parent_threads = tuple(
+            t.name for t in threading.enumerate() if t is not me and t.name != RECEIVE_WATCH_THREAD
+        )
         # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
         # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
         self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
