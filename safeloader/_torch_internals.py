@@ -195,6 +195,19 @@ def worker_processes(iterator: Any) -> list[Any]:
     return list(getattr(iterator, "_workers", ()))
 
 
+def is_shut_down(iterator: Any) -> bool:
+    """Whether torch shut the iterator's workers down (its ``_shutdown``: the epoch ended, an error)."""
+    return bool(getattr(iterator, "_shutdown", False))
+
+
+def workers_awaited(iterator: Any) -> frozenset[int]:
+    """Ids of the workers the iterator sent a batch's indices to and has no batch back from: the
+    loader waits, or will, for each (torch's ``_task_info``: send index -> (worker id,) until the
+    batch comes back, then (worker id, data) or removed)."""
+    # list(): copied at once (the GIL held), as another thread of the parent may ask while torch's changes it
+    return frozenset(info[0] for info in list(getattr(iterator, "_task_info", {}).values()) if len(info) == 1)
+
+
 def shutdown_workers(iterator: Any) -> None:
     """torch's own orderly shutdown of the iterator's workers (joins them, closes the queues)."""
     shutdown = getattr(iterator, "_shutdown_workers", None)

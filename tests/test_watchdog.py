@@ -21,9 +21,11 @@ from .subproc import run_script
 STALL = 2.0  # seconds; the worker's first item gets 2x
 TORCH_DEADLINE = 30.0  # torch's loader would wait forever: the hang is confirmed well before this
 
-# The scenarios (a lock held by a parent thread at the fork; a real zarrs hang) and the runs
+# The scenarios (a lock held by a parent thread at the fork; a worker deadlocked holding its GIL
+# after sending an item; a real zarrs hang) and the runs
 # under either loader are the child script tests/children/watchdog_scenario.py.
 LOCK_SCENARIO = "lock"
+GIL_SCENARIO = "gil"
 ZARRS_SCENARIO = "zarrs"
 
 
@@ -55,6 +57,24 @@ def test_lock_held_by_parent_thread_at_fork_raises_naming_the_frame_and_cause():
     assert "lock" in message.split("Likely cause:", 1)[1] and "lock-holder" in message, message
     if safeloader.NATIVE:  # the extension's stack dumper (a run without it: SAFELOADER_REQUIRE_NATIVE=0)
         assert "Native stack of the main thread" in message and "libpython" in message, message
+    assert leftover == "[]", f"workers left running: {leftover}"
+
+
+@pytest.mark.torch_baseline
+@pytest.mark.timeout(60)
+def test_torchs_loader_hangs_reading_a_batch_from_a_worker_deadlocked_holding_its_gil():
+    _assert_torch_hangs(GIL_SCENARIO)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_deadlocked_holding_its_gil_is_named_while_the_main_thread_reads_its_last_batch():
+    """The main thread reads item 2 after worker 0 deadlocked in item 4 holding its GIL: fetching the
+    item's tensor from that worker blocks inside torch's receive, where no check between two waits
+    runs; the iterator's ReceiveWatcher thread checks meanwhile, reports, and kills the worker."""
+    elapsed, message, leftover = _safeloader_run(GIL_SCENARIO)
+    assert STALL <= elapsed < STALL + 30, elapsed
+    assert "DataLoader worker 0 " in message and "(after 2 done)" in message, message
+    assert "in __getitem__" in message and "pthread_mutex_lock" in message, message  # the Python line
     assert leftover == "[]", f"workers left running: {leftover}"
 
 

@@ -43,13 +43,18 @@ def test_a_hung_collate_fn_is_reported_as_collation():
     assert "STALL" in result.stdout and "while collating a batch of 4 item(s)" in result.stdout, result
 
 
-def test_a_worker_stopped_alone_is_named_while_it_is_stopped_and_the_epoch_completes():
+@pytest.mark.parametrize("when", ["busy", "idle"])
+def test_a_worker_stopped_alone_is_named_while_it_is_stopped_and_the_epoch_completes(when):
     """torch's loader waits for a stopped worker without a word; safeloader's says which worker, why
-    the loader waits and how to resume it, once, and is not mistaken for a stall."""
-    torch_run = json.loads(check_script("stopped_worker.py", "torch", timeout=90).stdout)
-    assert torch_run["items"] and torch_run["while_stopped"] == [], torch_run  # silent while it waited
+    the loader waits and how to resume it, once, and is not mistaken for a stall. ``busy``: stopped
+    at once, most often within a batch; ``idle``: stopped once it has sent every batch it was given,
+    so that the main thread, reading one of them, waits for the worker inside torch's receive."""
+    args = ("idle",) if when == "idle" else ()
+    if when == "idle":
+        torch_run = json.loads(check_script("stopped_worker.py", "torch", *args, timeout=90).stdout)
+        assert torch_run["items"] and torch_run["while_stopped"] == [], torch_run  # silent while it waited
 
-    run = json.loads(check_script("stopped_worker.py", "safeloader", timeout=90).stdout)
+    run = json.loads(check_script("stopped_worker.py", "safeloader", *args, timeout=90).stdout)
     assert run["items"], run  # every item, once: nothing lost, no stall raised
     (warning,) = run["while_stopped"]
     assert warning.startswith("WorkerStoppedWarning: safeloader: DataLoader worker 0 "), warning

@@ -7,7 +7,8 @@ One job per module:
 - ``_worker``: entering a worker (its stack dumpers, its result queue), the watchdog's fork hook;
 - ``_parent``: the ``Watch``, the iterator's wait checking it, a stall's report and shutdown;
 - ``_stuck``: busy workers certain never to progress, named in seconds;
-- ``_stopped``: a stopped worker told from a stalled one.
+- ``_stopped``: a stopped worker told from a stalled one;
+- ``_receiving``: the checks while the main thread is blocked receiving a batch.
 
 ``WorkerStallError`` and ``WorkerStoppedWarning`` live in ``safeloader.errors``.
 

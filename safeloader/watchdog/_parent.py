@@ -8,6 +8,7 @@ How it works and why: docs/internals.md, ``safeloader.watchdog``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -37,6 +38,8 @@ from ._heartbeat import (
     STATE,
     Heartbeats,
 )
+from ._receiving import THREAD_NAME as RECEIVE_WATCH_THREAD
+from ._receiving import ReceiveWatcher
 from ._stopped import continued_since_asked, stop_state, warn_stopped
 from ._stuck import ORPHAN_WAIT, StuckWorkers
 
@@ -65,7 +68,10 @@ class Watch(Heartbeats):
         me = threading.current_thread()
         # Threads alive in the parent when the workers fork: a lock one of
         # them holds at that moment stays held forever in every worker.
-        self.parent_threads = tuple(t.name for t in threading.enumerate() if t is not me)
+        # safeloader's own (another iterator's ReceiveWatcher) takes no lock a worker could need.
+        self.parent_threads = tuple(
+            t.name for t in threading.enumerate() if t is not me and t.name != RECEIVE_WATCH_THREAD
+        )
         # Parent only: libraries whose live threads forked workers lack (on_unsafe_fork "warn" or
         # "ignore"), and per worker the wait in one of them first seen (syscall, CPU ticks, when).
         self.lacking: tuple[Any, ...] = ()  # the unsafe_fork.Hazards the workers were forked with anyway
@@ -111,14 +117,16 @@ class Watch(Heartbeats):
         self.resumed = [max(resumed, when) for resumed in self.resumed]
 
     def stalled(
-        self, alive: list[bool], pids: list[int | None] | None = None
+        self, alive: list[bool], pids: list[int | None] | None = None, awaited: frozenset[int] = frozenset()
     ) -> list[tuple[int, float, float, float, float, float]]:
         """(worker_id, seconds without progress, limit, state, items, batch) of each stalled worker.
 
         Time a worker spent stopped (Ctrl-Z, SIGSTOP) does not count: once it is
         continued its clock starts again from the moment that is seen, and a
         worker stopped now is not stalled. Both are asked of the kernel about
-        the worker (``pids``), so no signal handler is needed.
+        the worker (``pids``), so no signal handler is needed. An idle worker is
+        never stalled, but one stopped between two batches while the loader
+        waits for its next (``awaited``) is reported stopped like a busy one.
         """
         now = time.monotonic()
         found = []
@@ -129,10 +137,10 @@ class Watch(Heartbeats):
                 self.resumed[worker_id] = now
                 self.stop_reported[worker_id] = False
             state, items, last = self.slots[base + STATE], self.slots[base + ITEMS], self.slots[base + LAST]
-            if state == IDLE or not alive[worker_id]:
+            if not alive[worker_id] or (state == IDLE and worker_id not in awaited):
                 continue
             batch = self.slots[base + BATCH]
-            waited, limit = now - max(last, self.resumed[worker_id]), self.limit(state, items, batch)
+            waited, limit = now - max(last, self.resumed[worker_id]), self._limit(worker_id, state)
             if waited > limit:
                 stop = stop_state(pid) if pid is not None else ""
                 if pid is not None and stop:
@@ -140,23 +148,31 @@ class Watch(Heartbeats):
                     if not self.stop_reported[worker_id]:  # once a stop: this process runs, the worker does not
                         self.stop_reported[worker_id] = True
                         warn_stopped(worker_id, pid, waited, stop)
-                    continue
-                found.append((worker_id, waited, limit, state, items, batch))
+                elif state != IDLE:  # an idle one not stopped is about to take its indices
+                    found.append((worker_id, waited, limit, state, items, batch))
         return found
 
-    def quiet(self) -> bool:
-        """Whether no busy worker has gone without progress long enough for ``stalled`` or
-        ``orphaned`` to look at it (read from the heartbeats only: no system call). When quiet,
-        ``due`` is when the first busy worker will have."""
+    def _limit(self, worker_id: int, state: float) -> float:
+        """``limit`` for worker ``worker_id`` in ``state``; an idle one is given ``stall_timeout``
+        to take the indices it was sent."""
+        if state == IDLE:
+            return self.stall_timeout
+        base = worker_id * FIELDS
+        return self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH])
+
+    def quiet(self, awaited: frozenset[int] = frozenset()) -> bool:
+        """Whether no busy worker (nor idle one the loader waits for, ``awaited``) has gone without
+        progress long enough for ``stalled`` or ``orphaned`` to look at it (read from the heartbeats
+        only: no system call). When quiet, ``due`` is when the first such worker will have."""
         now = time.monotonic()
         due = float("inf")
         for worker_id in range(self.num_workers):
             base = worker_id * FIELDS
             state = self.slots[base + STATE]
-            if state == IDLE:
+            if state == IDLE and worker_id not in awaited:
                 continue
             since = max(self.slots[base + LAST], self.resumed[worker_id])
-            look = since + min(ORPHAN_WAIT, self.limit(state, self.slots[base + ITEMS], self.slots[base + BATCH]))
+            look = since + min(ORPHAN_WAIT, self._limit(worker_id, state))
             if now >= look:
                 return False
             due = min(due, look)
@@ -246,14 +262,24 @@ _SHORTEST_STEP = 0.05  # seconds: the shortest poll interval, also the shortest 
 
 def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]], timeout: float
                    ) -> tuple[bool, Any]:
-    """torch's wait for one batch, in steps of the poll interval, checking the heartbeats between."""
+    """torch's wait for one batch, in steps of the poll interval, checking the heartbeats between
+    (and meanwhile from the iterator's ``ReceiveWatcher`` where a step is blocked receiving a batch)."""
     watch: Watch = iterator._safeloader_watch
+    receiving: ReceiveWatcher = iterator._safeloader_receiving
     remaining = timeout
     while True:
         # Up to the poll interval, less where a check is due sooner (``Watch.due``).
         step = min(remaining, watch.poll_interval, max(_SHORTEST_STEP, watch.due - time.monotonic()))
         started = time.monotonic()
-        success, data = torch_wait(step)
+        receiving.entering(step)
+        try:
+            success, data = torch_wait(step)
+        except BaseException:
+            _raise_found(iterator, watch, receiving)  # the killing of a stalled worker ended the step
+            raise
+        finally:
+            receiving.left()
+        _raise_found(iterator, watch, receiving)
         ended = time.monotonic()
         if ended - started > step + max(1.0, step):
             # This process was not running (stopped, suspended): nor, likely, were its
@@ -262,12 +288,20 @@ def _wait_watching(iterator: Any, torch_wait: Callable[[float], tuple[bool, Any]
         if success:
             # Data from healthy workers must not hide a stuck one: check now and then anyway.
             if time.monotonic() >= watch.next_check:
-                _check(iterator, watch)
+                _check(iterator, watch, receiving)
             return success, data
-        _check(iterator, watch)
+        _check(iterator, watch, receiving)
         remaining -= step
         if remaining <= 0:
             return False, None
+
+
+def _raise_found(iterator: Any, watch: Watch, receiving: ReceiveWatcher) -> None:
+    """Raise the stall the ``ReceiveWatcher`` found while a step was blocked, once every worker is stopped."""
+    error = receiving.error
+    if error is not None:
+        _shutdown_now(iterator, watch)
+        raise error from None
 
 
 def _explain_dead_worker(iterator: Any, error: RuntimeError) -> RuntimeError | None:
@@ -296,27 +330,47 @@ def attach(iterator: Any, watch: Watch) -> None:
         watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _explain_dead_worker)
         _watched_classes[cls] = watched
     iterator._safeloader_watch = watch
+    # Started after the workers forked (none of them has it), on the iterator (a Watch travels pickled).
+    iterator._safeloader_receiving = ReceiveWatcher(
+        iterator,
+        watch.poll_interval,
+        find_stall=lambda blocked: _find_stall(blocked, watch),
+        kill_busy=lambda blocked: _kill_busy(blocked, watch, join=False),
+        shut_down=_torch_internals.is_shut_down,
+    )
     iterator.__class__ = watched
 
 
-def _check(iterator: Any, watch: Watch) -> None:
+def _check(iterator: Any, watch: Watch, receiving: ReceiveWatcher) -> None:
+    """Raise what the heartbeats show (``_find_stall``), or what the ``ReceiveWatcher`` found, every
+    worker stopped first. One thread at a time looks (``receiving.lock``)."""
+    with receiving.lock:
+        error = receiving.error or _find_stall(iterator, watch)
+    if error is not None:
+        _shutdown_now(iterator, watch)
+        raise error
+
+
+def _find_stall(iterator: Any, watch: Watch) -> BaseException | None:
+    """The error for the workers the heartbeats show stalled (or unable to send), their stacks
+    collected; None where none is. A stopped one is named (``WorkerStoppedWarning``) instead."""
     watch.next_check = time.monotonic() + watch.poll_interval
     failures = watch.send_failures()
     if failures:
-        _shutdown_now(iterator, watch)
-        raise WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
-    if watch.quiet():
+        return WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
+    awaited = _torch_internals.workers_awaited(iterator)
+    if watch.quiet(awaited):
         # Nothing to ask the kernel: each system call lets the GIL go, and with busy threads in
         # this process getting it back costs a switch interval (5 ms) per call.
-        return
+        return None
     workers = _torch_internals.worker_processes(iterator)
     alive = [worker_id < len(workers) and workers[worker_id].is_alive() for worker_id in range(watch.num_workers)]
     pids = [workers[worker_id].pid if worker_id < len(workers) else None for worker_id in range(watch.num_workers)]
-    stalled, certain = watch.stalled(alive, pids), False
+    stalled, certain = watch.stalled(alive, pids, awaited), False
     if not stalled:
         stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
-        return
+        return None
     from ..diagnostics import certain_causes, stall_report  # only once a worker stalled
 
     # The workers are shut down after the report whatever it finds: unregistered from torch's SIGCHLD
@@ -346,11 +400,10 @@ def _check(iterator: Any, watch: Watch) -> None:
         report.collating = int(batch) if state == COLLATING else 0
         report.batch = int(batch)
         reports.append(report)
-    _shutdown_now(iterator, watch)
     message = stall_report.message(reports, watch)
     error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
     error.details = "\n\n".join(stall_report.details(report) for report in reports)
-    raise error
+    return error
 
 
 def _main_frames(report: Any) -> list[tuple[str, str]]:
@@ -375,16 +428,28 @@ def _send_failure_message(failures: list[tuple[int, int]]) -> str:
 
 
 def _shutdown_now(iterator: Any, watch: Watch) -> None:
-    """Stop every worker: kill the ones that are busy (they may never return), then torch's shutdown.
-
-    torch's SIGCHLD handler would turn the killed workers into its own
-    "worker exited unexpectedly" error, so their pids are unregistered first.
-    """
+    """Stop every worker: kill the ones that are busy (they may never return), then torch's shutdown."""
     try:
-        _torch_internals.forget_worker_pids(iterator)
-        for worker_id, process in enumerate(_torch_internals.worker_processes(iterator)):
-            if worker_id < watch.num_workers and watch.state(worker_id) != IDLE and process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
-                process.join(timeout=5)
+        _kill_busy(iterator, watch)
     finally:
         _torch_internals.shutdown_workers(iterator)
+
+
+def _kill_busy(iterator: Any, watch: Watch, join: bool = True) -> None:
+    """Kill the busy workers (they may never return) and, with ``join``, wait for their end.
+
+    torch's SIGCHLD handler would turn the killed workers into its own
+    "worker exited unexpectedly" error, so their pids are unregistered first. The
+    ``ReceiveWatcher``'s thread kills without ``join``: reaping is left to the main
+    thread (torch's own checks reap a dead worker there, and two threads must not).
+    """
+    _torch_internals.forget_worker_pids(iterator)
+    for worker_id, process in enumerate(_torch_internals.worker_processes(iterator)):
+        if worker_id >= watch.num_workers or watch.state(worker_id) == IDLE or process.pid is None:
+            continue
+        if join and not process.is_alive():
+            continue
+        with contextlib.suppress(ProcessLookupError):  # dead and reaped meanwhile
+            os.kill(process.pid, signal.SIGKILL)
+        if join:
+            process.join(timeout=5)

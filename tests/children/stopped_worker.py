@@ -1,7 +1,10 @@
 """Child script: one worker is stopped (SIGSTOP) mid-epoch for 5 s while the main process runs on.
 
-python -m tests.children.stopped_worker torch|safeloader  ->  prints one JSON line: the items seen,
-the warnings raised while it was stopped and after it was continued, and the worker's pid.
+python -m tests.children.stopped_worker torch|safeloader [idle]  ->  prints one JSON line: the items
+seen, the warnings raised while it was stopped and after it was continued, and the worker's pid.
+With ``idle`` the main process first waits until the worker has done every batch it was given, so
+that it is stopped idle, waiting for its next index: the loader then waits for the batch it cannot
+begin (a worker stopped between two batches, where a Ctrl-Z or a debugger may find it).
 """
 
 import json
@@ -15,6 +18,7 @@ import warnings
 import torch
 
 STOPPED_FOR = 5.0
+IDLE_FIRST = sys.argv[2:] == ["idle"]
 
 
 class SlowItems(torch.utils.data.Dataset):
@@ -53,6 +57,8 @@ for batch in iterator:
     seen.extend(batch.tolist())
     if len(seen) == 12:
         pid = iterator._workers[0].pid
+        if IDLE_FIRST:
+            time.sleep(1.0)  # its two batches in hand take 0.08 s: it waits for an index when stopped
         stopped_at[0] = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         threading.Timer(STOPPED_FOR, resume, args=(pid,)).start()

@@ -1,11 +1,16 @@
 """A worker deadlock, under safeloader's DataLoader (with its stall watchdog) or torch's.
 
-argv: the scenario, ``lock`` or ``zarrs``; the loader, ``safeloader`` or ``torch``;
+argv: the scenario, ``lock``, ``gil`` or ``zarrs``; the loader, ``safeloader`` or ``torch``;
 for safeloader: stall_timeout, and the loader's other keyword arguments as JSON.
 
 lock: a lock held by a parent thread at the moment of the fork: in the workers it
 is held forever (the holder does not exist there). Item 0 and 1 (one per worker)
 are served, so the stall hits an item after the first one.
+
+gil: a worker deadlocks holding its GIL (a native call that keeps it, on a mutex the parent held at
+the fork) in the item after one it sent, while the main process is busy with a step: the main
+thread then reads the sent item, whose tensor it must fetch from that worker (its resource-sharer
+thread, which needs the GIL): it waits inside torch's receive, not between two waits.
 
 zarrs: the user's case: the parent decodes a compressed zarr array through zarrs,
 then forked workers read slices spanning many chunks: rayon's pool has no threads
@@ -16,6 +21,7 @@ safeloader prints ``NO ERROR``, or ``ELAPSED <seconds>`` and the error between
 ``batch`` per batch and ``TORCH DONE`` if its loader ever finishes.
 """
 
+import ctypes
 import json
 import os
 import sys
@@ -60,6 +66,24 @@ def lock_scenario():
     return LockedDataset(), done
 
 
+def gil_scenario():
+    libc = ctypes.PyDLL(None)  # PyDLL: its calls keep the GIL, as a native library's may
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)  # held at the fork: locked for ever in every worker
+
+    class GilHeldDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            if index == 4:  # worker 0's third item: its second (2) is sent meanwhile
+                time.sleep(0.2)
+                libc.pthread_mutex_lock(mutex)
+            return index
+
+    return GilHeldDataset(), lambda: libc.pthread_mutex_unlock(mutex)
+
+
 def zarrs_scenario():
     import numpy as np
     import zarr
@@ -90,7 +114,7 @@ def run_safeloader(dataset, stall, extra):
     start = time.monotonic()
     try:
         for _batch in loader:
-            pass
+            time.sleep(STEP)
         print("NO ERROR")
     except safeloader.watchdog.WorkerStallError as error:
         print("ELAPSED", time.monotonic() - start)
@@ -110,11 +134,13 @@ def run_torch(dataset):
     loader = torch.utils.data.DataLoader(dataset, num_workers=2)
     for _batch in loader:
         print("batch", flush=True)
+        time.sleep(STEP)
     print("TORCH DONE")
 
 
 scenario, which, *options = sys.argv[1:]
-dataset, done = {"lock": lock_scenario, "zarrs": zarrs_scenario}[scenario]()
+dataset, done = {"lock": lock_scenario, "gil": gil_scenario, "zarrs": zarrs_scenario}[scenario]()
+STEP = 0.5 if scenario == "gil" else 0.0  # seconds the main process spends on each batch (a training step)
 if which == "torch":
     run_torch(dataset)
 else:

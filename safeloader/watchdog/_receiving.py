@@ -1,0 +1,84 @@
+"""The watchdog's checks while the main thread is blocked inside torch's receive of a batch.
+
+torch's wait for a batch (``_try_get_data``) returns after its timeout when no batch comes, and the
+parent's checks (``_parent._check``) run between two waits. A batch that has come is unpickled inside
+that wait, though, and each tensor in it is fetched then from the worker that sent it: its file
+descriptor, handed over by the worker's resource-sharer thread. A worker stopped after sending a batch
+(SIGSTOP, a debugger), or hung in its next item holding its GIL (a native call that never returns and
+never lets the GIL go), cannot answer: the main thread waits in a socket read for as long as that
+lasts, and no check between two waits ever runs. torch's loader hangs there without a word.
+
+``ReceiveWatcher`` is a thread of the parent, one per watched iterator, started after its workers
+forked: while the main thread's wait lasts longer than it can without such a block, it runs the checks
+itself. A stopped worker is named (``WorkerStoppedWarning``); a stalled one is reported, and the busy
+workers killed, which ends the block (the read fails); the main thread then raises the report.
+
+How it works and why: docs/internals.md, ``safeloader.watchdog``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["THREAD_NAME", "ReceiveWatcher"]
+
+THREAD_NAME = "safeloader-receive-watch"
+
+
+class ReceiveWatcher:
+    """Runs ``find_stall(iterator)`` in a thread of its own while the main thread's wait for a batch
+    outlasts its timeout; a stall found is kept in ``error`` after ``kill_busy(iterator)`` ended the
+    block, for the main thread to raise.
+
+    The main thread marks each wait with ``entering`` and ``left`` (two attribute writes: nothing is
+    locked on the way of a batch). The thread holds the iterator weakly and ends with it, or once the
+    iterator is shut down.
+    """
+
+    def __init__(
+        self,
+        iterator: Any,
+        interval: float,
+        find_stall: Callable[[Any], BaseException | None],
+        kill_busy: Callable[[Any], None],
+        shut_down: Callable[[Any], bool],
+    ) -> None:
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()  # held by whichever thread runs the checks, this one or the main one
+        self._since = 0.0  # when the main thread's current wait began; 0.0: it is not waiting
+        self._deadline = 0.0  # when that wait is late: it was asked to return before
+        self._interval = interval
+        self._iterator = weakref.ref(iterator)
+        self._find_stall, self._kill_busy, self._shut_down = find_stall, kill_busy, shut_down
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def entering(self, timeout: float) -> None:
+        """In the main thread: a wait of ``timeout`` seconds begins."""
+        now = time.monotonic()
+        self._deadline = now + timeout + self._interval
+        self._since = now
+
+    def left(self) -> None:
+        """In the main thread: the wait returned or raised."""
+        self._since = 0.0
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval)
+            iterator = self._iterator()
+            if iterator is None or self._shut_down(iterator) or self.error is not None:
+                return
+            if self._since and time.monotonic() > self._deadline and self.lock.acquire(blocking=False):
+                try:  # not while the main thread checks (it does, at once, once its wait returns)
+                    self.error = self._find_stall(iterator)
+                    if self.error is not None:
+                        self._kill_busy(iterator)  # the read of a killed worker's descriptor fails
+                        return
+                finally:
+                    self.lock.release()
+            del iterator  # not kept alive while this thread sleeps
