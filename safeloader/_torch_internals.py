@@ -174,6 +174,8 @@ GET_ITERATOR = "_get_iterator"
 """DataLoader's method that creates the iterator, which is where torch forks the workers."""
 TRY_GET_DATA = "_try_get_data"
 """The multiprocessing iterator's wait for one batch (with a timeout), wrapped by the watchdog."""
+SHUTDOWN_WORKERS = "_shutdown_workers"
+"""The multiprocessing iterator's shutdown of its workers, followed by the watchdog's own end."""
 
 
 def get_iterator_of(cls: type) -> Any:
@@ -195,11 +197,6 @@ def worker_processes(iterator: Any) -> list[Any]:
     return list(getattr(iterator, "_workers", ()))
 
 
-def is_shut_down(iterator: Any) -> bool:
-    """Whether torch shut the iterator's workers down (its ``_shutdown``: the epoch ended, an error)."""
-    return bool(getattr(iterator, "_shutdown", False))
-
-
 def workers_awaited(iterator: Any) -> frozenset[int]:
     """Ids of the workers the iterator sent a batch's indices to and has no batch back from: the
     loader waits, or will, for each (torch's ``_task_info``: send index -> (worker id,) until the
@@ -210,7 +207,7 @@ def workers_awaited(iterator: Any) -> frozenset[int]:
 
 def shutdown_workers(iterator: Any) -> None:
     """torch's own orderly shutdown of the iterator's workers (joins them, closes the queues)."""
-    shutdown = getattr(iterator, "_shutdown_workers", None)
+    shutdown = getattr(iterator, SHUTDOWN_WORKERS, None)
     if shutdown is not None:
         shutdown()
 
@@ -261,11 +258,21 @@ Wait = Callable[[Any, Callable[[float], tuple[bool, Any]], float], tuple[bool, A
 
 
 def waiting_with(cls: type, wait: Wait, module: str,
-                 explain: Callable[[Any, RuntimeError], RuntimeError | None]) -> type:
+                 explain: Callable[[Any, RuntimeError], RuntimeError | None],
+                 shut_down: Callable[[Any], None]) -> type:
     """A subclass of torch's multiprocessing iterator class ``cls`` whose wait for one batch is ``wait``
-    (around torch's), and whose ``__next__`` raises ``explain(iterator, error)`` for a RuntimeError."""
+    (around torch's), whose ``__next__`` raises ``explain(iterator, error)`` for a RuntimeError, and
+    whose workers' shutdown (torch's: an epoch's end, an error, the iterator collected) is followed
+    by ``shut_down(iterator)``."""
     torch_wait = getattr(cls, TRY_GET_DATA)
     torch_next = cls.__next__  # type: ignore[attr-defined]
+    torch_shutdown = getattr(cls, SHUTDOWN_WORKERS)
+
+    def shutdown_workers(self: Any) -> None:
+        try:
+            torch_shutdown(self)
+        finally:
+            shut_down(self)
 
     def try_get_data(self: Any, timeout: float = 5.0) -> tuple[bool, Any]:  # torch's default interval
         return wait(self, lambda seconds: torch_wait(self, seconds), timeout)
@@ -279,8 +286,9 @@ def waiting_with(cls: type, wait: Wait, module: str,
                 raise
             raise explained from error
 
-    return type(f"Watched{cls.__name__}", (cls,),
-                {TRY_GET_DATA: try_get_data, "__next__": next_batch, "__module__": module})
+    return type(f"Watched{cls.__name__}", (cls,), {
+        TRY_GET_DATA: try_get_data, "__next__": next_batch, SHUTDOWN_WORKERS: shutdown_workers, "__module__": module,
+    })
 
 
 def result_queue_of_worker_loop(frame: Any) -> Any:

@@ -327,7 +327,7 @@ def attach(iterator: Any, watch: Watch) -> None:
     watched = _watched_classes.get(cls)
     if watched is None:
         # The class is the package's (safeloader.watchdog), where Watch and attach are public.
-        watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _explain_dead_worker)
+        watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _explain_dead_worker, _stop_receiving)
         _watched_classes[cls] = watched
     iterator._safeloader_watch = watch
     # Started after the workers forked (none of them has it), on the iterator (a Watch travels pickled).
@@ -336,9 +336,15 @@ def attach(iterator: Any, watch: Watch) -> None:
         watch.poll_interval,
         find_stall=lambda blocked: _find_stall(blocked, watch),
         kill_busy=lambda blocked: _kill_busy(blocked, watch, join=False),
-        shut_down=_torch_internals.is_shut_down,
     )
     iterator.__class__ = watched
+
+
+def _stop_receiving(iterator: Any) -> None:
+    """After torch shut the iterator's workers down: its ``ReceiveWatcher`` ends."""
+    receiving = getattr(iterator, "_safeloader_receiving", None)
+    if receiving is not None:
+        receiving.stop()
 
 
 def _check(iterator: Any, watch: Watch, receiving: ReceiveWatcher) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 __all__ = ["THREAD_NAME", "ReceiveWatcher"]
 
 THREAD_NAME = "safeloader-receive-watch"
+STOP_WAIT = 1.0
+"""Seconds ``stop`` waits for the thread: in the middle of a check it may be collecting stacks."""
 
 
 class ReceiveWatcher:
@@ -35,8 +37,8 @@ class ReceiveWatcher:
     block, for the main thread to raise.
 
     The main thread marks each wait with ``entering`` and ``left`` (two attribute writes: nothing is
-    locked on the way of a batch). The thread holds the iterator weakly and ends with it, or once the
-    iterator is shut down.
+    locked on the way of a batch). The thread holds the iterator weakly and ends with it, or at
+    ``stop`` (the iterator's workers shut down).
     """
 
     def __init__(
@@ -45,7 +47,6 @@ class ReceiveWatcher:
         interval: float,
         find_stall: Callable[[Any], BaseException | None],
         kill_busy: Callable[[Any], None],
-        shut_down: Callable[[Any], bool],
     ) -> None:
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by whichever thread runs the checks, this one or the main one
@@ -53,7 +54,8 @@ class ReceiveWatcher:
         self._deadline = 0.0  # when that wait is late: it was asked to return before
         self._interval = interval
         self._iterator = weakref.ref(iterator)
-        self._find_stall, self._kill_busy, self._shut_down = find_stall, kill_busy, shut_down
+        self._find_stall, self._kill_busy = find_stall, kill_busy
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -67,11 +69,17 @@ class ReceiveWatcher:
         """In the main thread: the wait returned or raised."""
         self._since = 0.0
 
+    def stop(self) -> None:
+        """The iterator's workers are shut down: the thread ends, at once where it sleeps (waited for up
+        to ``STOP_WAIT``; not from the thread itself, where the iterator's last reference may drop)."""
+        self._stopped.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(STOP_WAIT)
+
     def _run(self) -> None:
-        while True:
-            time.sleep(self._interval)
+        while not self._stopped.wait(self._interval):
             iterator = self._iterator()
-            if iterator is None or self._shut_down(iterator) or self.error is not None:
+            if iterator is None or self.error is not None:
                 return
             if self._since and time.monotonic() > self._deadline and self.lock.acquire(blocking=False):
                 try:  # not while the main thread checks (it does, at once, once its wait returns)
