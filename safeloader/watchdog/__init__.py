@@ -5,7 +5,8 @@ One job per module:
 - ``_heartbeat``: the shared memory, one slot of doubles per worker: its layout and limits;
 - ``_progress``: a worker's heartbeat, written around the fetcher torch's worker loop creates;
 - ``_worker``: entering a worker (its stack dumpers, its result queue), the watchdog's fork hook;
-- ``_parent``: the ``Watch``, the iterator's wait checking it, a stall's report and shutdown;
+- ``_parent``: the ``Watch``, the iterator's wait checking it, a stall's shutdown;
+- ``_reports``: what the watchdog raises (a stall's report, its stacks collected);
 - ``_stuck``: busy workers certain never to progress, named in seconds;
 - ``_stopped``: a stopped worker told from a stalled one;
 - ``_receiving``: the checks while the main thread is blocked receiving a batch.

@@ -9,7 +9,6 @@ How it works and why: docs/internals.md, ``safeloader.watchdog``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import threading
@@ -19,22 +18,18 @@ from typing import Any
 
 from .. import _torch_internals
 from .._options import Options
-from ..errors import WorkerStallError, out_of_descriptors_hint
-from . import _worker
+from ..errors import out_of_descriptors_hint
+from . import _reports, _worker
 from ._heartbeat import (
     BATCH,
-    COLLATING,
     FIELDS,
     IDLE,
     ITEMS,
     LAST,
     NATIVE_READY,
     NATIVE_SIGNAL,
-    PYTHON_READY,
-    PYTHON_SIGNAL,
     PYTHON_STATE,
     SEND_ERRNO,
-    STARTING,
     STATE,
     Heartbeats,
 )
@@ -304,17 +299,6 @@ def _raise_found(iterator: Any, watch: Watch, receiving: ReceiveWatcher) -> None
         raise error from None
 
 
-def _explain_dead_worker(iterator: Any, error: RuntimeError) -> RuntimeError | None:
-    """torch's "DataLoader worker ... exited unexpectedly / is killed by signal", with which library
-    the parent held at the fork where the workers were forked anyway (``watch.lacking``)."""
-    watch: Watch = iterator._safeloader_watch
-    if not watch.lacking:
-        return None
-    from ..diagnostics import unsafe_fork
-
-    return unsafe_fork.dead_worker_error(error, watch.lacking)
-
-
 _watched_classes: dict[type, type] = {}
 _PACKAGE = __name__.rpartition(".")[0]
 
@@ -327,7 +311,7 @@ def attach(iterator: Any, watch: Watch) -> None:
     watched = _watched_classes.get(cls)
     if watched is None:
         # The class is the package's (safeloader.watchdog), where Watch and attach are public.
-        watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _explain_dead_worker, _stop_receiving)
+        watched = _torch_internals.waiting_with(cls, _wait_watching, _PACKAGE, _reports.dead_worker, _stop_receiving)
         _watched_classes[cls] = watched
     iterator._safeloader_watch = watch
     # Started after the workers forked (none of them has it), on the iterator (a Watch travels pickled).
@@ -363,7 +347,7 @@ def _find_stall(iterator: Any, watch: Watch) -> BaseException | None:
     watch.next_check = time.monotonic() + watch.poll_interval
     failures = watch.send_failures()
     if failures:
-        return WorkerStallError(_send_failure_message(failures), worker_id=failures[0][0])
+        return _reports.send_failure(failures)
     awaited = _torch_internals.workers_awaited(iterator)
     if watch.quiet(awaited):
         # Nothing to ask the kernel: each system call lets the GIL go, and with busy threads in
@@ -377,60 +361,11 @@ def _find_stall(iterator: Any, watch: Watch) -> BaseException | None:
         stalled, certain = watch.orphaned(alive, pids), True
     if not stalled:
         return None
-    from ..diagnostics import certain_causes, stall_report  # only once a worker stalled
-
     # The workers are shut down after the report whatever it finds: unregistered from torch's SIGCHLD
     # handler first, so that one dying while its stacks are dumped (a faulthandler dump can crash a
     # running thread) does not turn this report into torch's "worker killed by signal".
     _torch_internals.forget_worker_pids(iterator)
-    reports = []
-    for worker_id, waited, limit, state, items, batch in stalled:
-        pid = workers[worker_id].pid
-        flags = watch.ready_flags(worker_id)
-        spins_in = watch.spins_in(worker_id) if certain else None
-        report = stall_report.collect(
-            worker_id, pid, waited, limit, state == STARTING, items,
-            python_path=watch.python_stack_path(worker_id, pid) if flags & PYTHON_READY else None,
-            native_path=watch.native_stack_path(worker_id, pid) if flags & NATIVE_READY else None,
-            watch=watch,
-            python_signal=int(watch.slots[worker_id * FIELDS + PYTHON_SIGNAL]),
-            native_signal=int(watch.slots[worker_id * FIELDS + NATIVE_SIGNAL]),
-            waits_in=watch.waits_in(worker_id) if certain else None,
-            explain=not spins_in,
-        )
-        report.certain = certain
-        if certain:
-            report.spinning = spins_in or ""
-            report.cause = certain_causes.spinning(spins_in, _main_frames(report)) if spins_in else (
-                certain_causes.overruled(report.cause))
-        report.collating = int(batch) if state == COLLATING else 0
-        report.batch = int(batch)
-        reports.append(report)
-    message = stall_report.message(reports, watch)
-    error = WorkerStallError(message, worker_id=reports[0].worker_id, reports=tuple(reports))
-    error.details = "\n\n".join(stall_report.details(report) for report in reports)
-    return error
-
-
-def _main_frames(report: Any) -> list[tuple[str, str]]:
-    main = next((thread for thread in report.native_threads if thread.tid == report.pid), None)
-    return main.frames if main is not None else []
-
-
-def _send_failure_message(failures: list[tuple[int, int]]) -> str:
-    worker_id, number = failures[0]
-    what = os.strerror(number) if number > 0 else "an error"
-    message = (
-        f"safeloader: DataLoader worker {worker_id} could not send a batch to the main process ({what}); "
-        "the batch is lost and the loader would wait for it forever. All workers were shut down."
-    )
-    if number in (errno.EMFILE, errno.ENFILE):
-        message += (
-            " The process ran out of file descriptors (tensors are sent between processes through them): "
-            "raise the limit with `ulimit -n` in the shell, or call "
-            "torch.multiprocessing.set_sharing_strategy('file_system') at the start of your program."
-        )
-    return message
+    return _reports.collected(watch, [workers[worker_id].pid for worker_id, *_ in stalled], stalled, certain)
 
 
 def _shutdown_now(iterator: Any, watch: Watch) -> None:

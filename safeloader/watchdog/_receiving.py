@@ -28,6 +28,7 @@ __all__ = ["THREAD_NAME", "ReceiveWatcher"]
 
 THREAD_NAME = "safeloader-receive-watch"
 STOP_WAIT = 1.0
+_NOT_WAITING = float("inf")
 """Seconds ``stop`` waits for the thread: in the middle of a check it may be collecting stacks."""
 
 
@@ -50,8 +51,7 @@ class ReceiveWatcher:
     ) -> None:
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by whichever thread runs the checks, this one or the main one
-        self._since = 0.0  # when the main thread's current wait began; 0.0: it is not waiting
-        self._deadline = 0.0  # when that wait is late: it was asked to return before
+        self._late = _NOT_WAITING  # when the main thread's current wait is late (asked to return before)
         self._interval = interval
         self._iterator = weakref.ref(iterator)
         self._find_stall, self._kill_busy = find_stall, kill_busy
@@ -61,13 +61,11 @@ class ReceiveWatcher:
 
     def entering(self, timeout: float) -> None:
         """In the main thread: a wait of ``timeout`` seconds begins."""
-        now = time.monotonic()
-        self._deadline = now + timeout + self._interval
-        self._since = now
+        self._late = time.monotonic() + timeout + self._interval
 
     def left(self) -> None:
         """In the main thread: the wait returned or raised."""
-        self._since = 0.0
+        self._late = _NOT_WAITING
 
     def stop(self) -> None:
         """The iterator's workers are shut down: the thread ends, at once where it sleeps (waited for up
@@ -81,7 +79,7 @@ class ReceiveWatcher:
             iterator = self._iterator()
             if iterator is None or self.error is not None:
                 return
-            if self._since and time.monotonic() > self._deadline and self.lock.acquire(blocking=False):
+            if time.monotonic() > self._late and self.lock.acquire(blocking=False):
                 try:  # not while the main thread checks (it does, at once, once its wait returns)
                     self.error = self._find_stall(iterator)
                     if self.error is not None:
