@@ -320,6 +320,7 @@ def attach(iterator: Any, watch: Watch) -> None:
         watch.poll_interval,
         find_stall=lambda blocked: _find_stall(blocked, watch),
         kill_busy=lambda blocked: _kill_busy(blocked, watch, join=False),
+        resume_all=watch.resume_all,
     )
     iterator.__class__ = watched
 

@@ -48,13 +48,14 @@ class ReceiveWatcher:
         interval: float,
         find_stall: Callable[[Any], BaseException | None],
         kill_busy: Callable[[Any], None],
+        resume_all: Callable[[float], None],
     ) -> None:
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # held by whichever thread runs the checks, this one or the main one
         self._late = _NOT_WAITING  # when the main thread's current wait is late (asked to return before)
         self._interval = interval
         self._iterator = weakref.ref(iterator)
-        self._find_stall, self._kill_busy = find_stall, kill_busy
+        self._find_stall, self._kill_busy, self._resume_all = find_stall, kill_busy, resume_all
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
@@ -75,7 +76,17 @@ class ReceiveWatcher:
             self._thread.join(STOP_WAIT)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self._interval):
+        while True:
+            slept_from = time.monotonic()
+            if self._stopped.wait(self._interval):
+                return
+            woke = time.monotonic()
+            if woke - slept_from > self._interval + max(1.0, self._interval):
+                # This process was not running (a stopped job): nor, likely, were its workers, and a
+                # forkserver's cannot be asked. Their clocks start again now, as the main thread's
+                # wait does it (``_wait_watching``), which may run only after this thread's check.
+                self._resume_all(woke)
+                continue
             iterator = self._iterator()
             if iterator is None or self.error is not None:
                 return
